@@ -1,0 +1,228 @@
+"""The agent's side of the wire: a DEALER socket with publish / collect.
+
+The API says what to send and what to receive, not where the bytes travel: today both go
+through the broker (PALA's data proxy). A call blocks until the broker answers; while it
+waits the client pings every ``heartbeat`` seconds, so a parked request (a turn lock that
+has not opened yet) is told apart from a dead broker. ``liveness`` silent heartbeats in a
+row mean the broker is gone: the call raises BrokerUnavailable, the socket is rebuilt,
+and the next call registers again (ZeroMQ restores connections, not registrations).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import zmq
+
+import topologies
+
+from . import wire
+
+
+class GossipError(RuntimeError):
+    """The broker refused a request; ``code`` is the ERROR code from PROTOCOL.md."""
+
+    def __init__(self, code: str, reason: str):
+        super().__init__(f"{reason} [{code}]")
+        self.code = code
+
+
+class BrokerUnavailable(ConnectionError):
+    """No sign of life from the broker within the liveness window."""
+
+
+class GossipTimeout(TimeoutError):
+    """The broker is alive, but the turn lock did not open within the call's timeout."""
+
+
+@dataclass
+class PublishResult:
+    round: int
+    written: list[int]
+    skipped: list[int]
+
+
+class GossipClient:
+    """One agent's connection to the broker.
+
+    ``timeout`` bounds how long one call may wait for a turn lock (None: as long as the
+    broker is alive). ``codec`` compresses floating tensors on the wire ("bf16", "fp16").
+    """
+
+    def __init__(self, address: str, rank: int, *, n: int | None = None, topology=None,
+                 timeout: float | None = None, heartbeat: float = 1.0, liveness: int = 3,
+                 codec: str = "raw", context: zmq.Context | None = None):
+        if codec not in wire.CODECS:
+            raise ValueError(f"unknown codec {codec!r}; valid: {', '.join(wire.CODECS)}")
+        if heartbeat <= 0 or liveness < 1:
+            raise ValueError("heartbeat must be > 0 seconds and liveness >= 1")
+        self.address, self.rank, self.codec = address, rank, codec
+        self.timeout, self.heartbeat, self.liveness = timeout, heartbeat, liveness
+        self._expect_n = n
+        self._expect_digest = topology.digest() if topology is not None else None
+        self._ctx = context or zmq.Context.instance()
+        self._seq = itertools.count(1)
+        self._stager = wire.CudaStager()
+        self._sock: zmq.Socket | None = None
+        self.topology = None
+        self.mode = None
+        self.round = 0
+        self.last_rounds: dict[int, int] = {}
+        self.register()
+
+    # ------------------------------------------------------------ connection
+
+    def _connect(self) -> None:
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(self.address)
+
+    def _reset(self) -> None:
+        """Drop the socket (and anything queued on it); the next call reconnects and registers."""
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self._sock = None
+        self.topology = None
+        self._stager.reset()
+
+    def register(self) -> None:
+        """HELLO -> WELCOME: bind this rank, learn the topology, mode and the round to continue from."""
+        if self._sock is None:
+            self._connect()
+        fields = {"rank": self.rank, "n": self._expect_n, "topology": self._expect_digest}
+        (welcome,) = self._request([(wire.HELLO, fields, ())], register=False)
+        self.topology = topologies.from_dict(welcome["topology"])
+        self.mode = welcome["mode"]
+        self.round = welcome["round"]
+
+    def close(self) -> None:
+        """Say BYE (so the rank is free at once) and close. Safe to call twice."""
+        if self._sock is not None:
+            try:
+                self._sock.send_multipart(wire.encode(wire.BYE, {"seq": next(self._seq)}), flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            self._sock.close(linger=100)
+            self._sock = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------ topology view
+
+    @property
+    def weights(self) -> dict[int, float]:
+        """This rank's row of the mixing matrix for the current round, self included."""
+        return self._topology().weights(self.rank, round=self.round)
+
+    @property
+    def in_peers(self) -> tuple[int, ...]:
+        return self._topology().in_peers(self.rank, round=self.round)
+
+    @property
+    def out_peers(self) -> tuple[int, ...]:
+        return self._topology().out_peers(self.rank, round=self.round)
+
+    def _topology(self):
+        if self.topology is None:
+            self.register()
+        return self.topology
+
+    # ------------------------------------------------------------ gossip
+
+    def publish(self, tensors: Mapping[str, Any], timeout: float | None = None) -> PublishResult:
+        """Send this round's tensors to every out-peer; returns once the broker has written them
+        (sync: after each out-peer read the previous round's letter), so the caller may then
+        modify the tensors again."""
+        (ack,) = self._request([self._publish_request(tensors)], timeout)
+        return PublishResult(ack["round"], ack["written"], ack["skipped"])
+
+    def collect(self, timeout: float | None = None) -> dict[int, dict]:
+        """The in-peers' letters for this round as {peer rank: {name: read-only array}}, then
+        advance the round. Sync: waits for every in-peer; async: whatever has arrived."""
+        (deliver,) = self._request([(wire.COLLECT, {"round": self.round}, ())], timeout)
+        return self._finish_round(deliver)
+
+    def exchange(self, tensors: Mapping[str, Any], timeout: float | None = None) -> dict[int, dict]:
+        """publish() then collect() pipelined in one round trip: both requests leave together and
+        the two turn locks are waited on at the same time."""
+        self._topology()
+        _, deliver = self._request([self._publish_request(tensors),
+                                    (wire.COLLECT, {"round": self.round}, ())], timeout)
+        return self._finish_round(deliver)
+
+    def ping(self, timeout: float | None = None) -> float:
+        """Round-trip time to the broker in seconds."""
+        t0 = time.perf_counter()
+        self._request([(wire.PING, {}, ())], timeout)
+        return time.perf_counter() - t0
+
+    def _publish_request(self, tensors):
+        schema, buffers = wire.pack_tensors(tensors, self.codec, self._stager)
+        return (wire.PUBLISH, {"round": self.round, "tensors": schema}, buffers)
+
+    def _finish_round(self, deliver: wire.Message) -> dict[int, dict]:
+        self.last_rounds = {letter["rank"]: letter.get("round") for letter in deliver["messages"]}
+        self.round += 1
+        return wire.deliveries(deliver)
+
+    # ------------------------------------------------------------ request / reply
+
+    def _request(self, requests: list, timeout: float | None = None, register: bool = True) -> list[wire.Message]:
+        """Send requests back to back, wait for one reply each (matched by seq), pinging while waiting.
+
+        A "not-registered" refusal (the broker restarted, or expired us) re-registers and
+        resends once; every other refusal raises GossipError.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        for attempt in (0, 1):
+            if register and self.topology is None:
+                self.register()
+            try:
+                return self._roundtrip(requests, timeout)
+            except GossipError as err:
+                if err.code != "not-registered" or not register or attempt:
+                    raise
+                self.topology = None
+        raise AssertionError("unreachable")
+
+    def _roundtrip(self, requests: list, timeout: float | None) -> list[wire.Message]:
+        if self._sock is None:
+            self._connect()
+        seqs = []
+        for cmd, fields, frames in requests:
+            seq = next(self._seq)
+            seqs.append(seq)
+            self._sock.send_multipart(wire.encode(cmd, {**fields, "seq": seq}, frames), copy=False)
+        replies: dict[int, wire.Message] = {}
+        start = last_heard = time.monotonic()
+        while len(replies) < len(seqs):
+            now = time.monotonic()
+            if timeout is not None and now - start > timeout:
+                raise GossipTimeout(f"rank {self.rank}: no turn within {timeout:.3g}s "
+                                    f"(round {self.round}; the broker is alive)")
+            if now - last_heard > self.heartbeat * self.liveness:
+                self._reset()
+                raise BrokerUnavailable(f"rank {self.rank}: broker at {self.address} silent for "
+                                        f"{now - last_heard:.3g}s")
+            wait = self.heartbeat if timeout is None else min(self.heartbeat, max(0.0, start + timeout - now))
+            if not self._sock.poll(int(wait * 1000) + 1):
+                self._sock.send_multipart(wire.encode(wire.PING, {"seq": next(self._seq)}))
+                continue
+            try:
+                msg = wire.decode(self._sock.recv_multipart(copy=False))
+            except wire.WireError:
+                self._reset()
+                raise
+            last_heard = time.monotonic()
+            seq = msg.get("seq")
+            if msg.cmd == wire.ERROR and (seq in seqs or seq is None):
+                raise GossipError(msg.get("code", "unknown"), msg.get("reason", "refused"))
+            if seq in seqs:
+                replies[seq] = msg
+        return [replies[s] for s in seqs]

@@ -1,0 +1,337 @@
+"""The gossiprl wire format: the one module the broker and the client share.
+
+A message is a list of frames: a msgpack header, then one raw frame per tensor.
+Encoding never copies a contiguous CPU tensor (the frame points at its memory);
+decoding hands back numpy views on the received frames. Everything that arrives is
+validated here before anyone acts on it, and nothing received is ever executed: the
+header is plain msgpack data, the payload plain bytes. PROTOCOL.md is the normative text.
+
+No socket lives here, and torch is never imported: torch tensors are recognised by duck
+typing, and the CUDA staging path uses the torch module the caller already imported.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+# Client -> broker, then broker -> client. PROTOCOL.md gives each one's fields.
+HELLO, PUBLISH, COLLECT, PING, BYE = "HELLO", "PUBLISH", "COLLECT", "PING", "BYE"
+WELCOME, ACK, DELIVER, PONG, ERROR = "WELCOME", "ACK", "DELIVER", "PONG", "ERROR"
+CLIENT_COMMANDS = (HELLO, PUBLISH, COLLECT, PING, BYE)
+BROKER_COMMANDS = (WELCOME, ACK, DELIVER, PONG, ERROR)
+
+MAX_HEADER_BYTES = 1 << 20
+MAX_TENSORS = 4096
+MAX_NAME_CHARS = 256
+MAX_NDIM = 8
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 31
+
+# Dtypes a tensor may travel as. bfloat16 has no numpy type: it travels as the top
+# 16 bits of float32 and is widened back on decode.
+DTYPES = ("float16", "bfloat16", "float32", "float64",
+          "int8", "int16", "int32", "int64", "uint8", "bool")
+CODECS = ("raw", "bf16", "fp16")
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+             "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "bool": 1}
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+class WireError(ValueError):
+    """A message that does not follow PROTOCOL.md. ``code`` is the ERROR code a broker replies with."""
+
+    def __init__(self, reason: str, code: str = "bad-message"):
+        super().__init__(reason)
+        self.code = code
+
+
+@dataclass
+class TensorSpec:
+    """How one tensor travels: its name, wire dtype, shape, byte count, and the dtype it is decoded to."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    decode_as: str
+
+    def to_wire(self) -> dict:
+        d = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "nbytes": self.nbytes}
+        if self.decode_as != self.dtype:
+            d["as"] = self.decode_as
+        return d
+
+    @property
+    def schema_key(self) -> tuple:
+        """What must stay the same for messages to be mixable: codec differences are allowed."""
+        return (self.name, self.decode_as, self.shape)
+
+
+@dataclass
+class Message:
+    """A decoded, validated message. ``frames`` are the payload frames, untouched (zero-copy)."""
+
+    cmd: str
+    header: dict
+    frames: list = field(default_factory=list)
+    specs: list[TensorSpec] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.header[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.header.get(key, default)
+
+
+# ---------------------------------------------------------------- encoding
+
+def encode(cmd: str, fields: Mapping[str, Any] | None = None, frames: Sequence = ()) -> list:
+    """Header plus payload frames, ready for ``send_multipart(copy=False)``."""
+    header = {"v": PROTOCOL_VERSION, "cmd": cmd}
+    if fields:
+        header.update(fields)
+    return [msgpack.packb(header, use_bin_type=True), *frames]
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns, round to nearest even; NaN stays NaN. In-place passes: this is hot."""
+    bits = np.asarray(x, dtype=np.float32)
+    bits = (bits if bits.flags.c_contiguous else bits.copy(order="C")).view(np.uint32)
+    acc = np.right_shift(bits, 16)
+    np.bitwise_and(acc, 1, out=acc)
+    np.add(acc, 0x7FFF, out=acc)
+    np.add(acc, bits, out=acc)
+    np.right_shift(acc, 16, out=acc)
+    out = acc.astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        out[nan] = 0x7FC0
+    return out
+
+
+def _torch_to_numpy(t, codec: str, stager: "CudaStager | None") -> tuple[np.ndarray, str, str]:
+    torch = sys.modules["torch"]
+    t = t.detach()
+    orig = str(t.dtype).removeprefix("torch.")
+    if orig not in _ITEMSIZE:
+        raise WireError(f"tensor dtype {orig} cannot travel; valid: {', '.join(DTYPES)}", "bad-dtype")
+    wire = orig
+    if orig in _FLOATS and codec != "raw":
+        wire = "bfloat16" if codec == "bf16" else "float16"
+        t = t.to(getattr(torch, wire))
+    if wire == "bfloat16":
+        t = t.view(torch.int16)
+    if t.is_cuda:
+        t = (stager or CudaStager()).stage(t)
+    arr = t.contiguous().numpy()
+    return arr, wire, orig
+
+
+def pack_tensors(tensors: Mapping[str, Any], codec: str = "raw",
+                 stager: "CudaStager | None" = None) -> tuple[list[dict], list]:
+    """Tensor schema (header part) and payload buffers for a dict of numpy arrays / torch tensors.
+
+    Contiguous CPU float32 data is not copied: the buffer handed back points at the tensor's
+    memory, so the caller must not modify it until the send has completed (GossipClient
+    guarantees this by waiting for the broker's ACK).
+    """
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}; valid: {', '.join(CODECS)}")
+    if not isinstance(tensors, Mapping) or not tensors:
+        raise ValueError("tensors must be a non-empty dict of name -> array/tensor")
+    if len(tensors) > MAX_TENSORS:
+        raise ValueError(f"{len(tensors)} tensors in one message; at most {MAX_TENSORS}")
+    schema, buffers = [], []
+    for name, value in tensors.items():
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
+            raise ValueError(f"tensor names must be strings of 1..{MAX_NAME_CHARS} characters, got {name!r}")
+        if type(value).__module__.startswith("torch"):
+            arr, wire, orig = _torch_to_numpy(value, codec, stager)
+        else:
+            arr = np.asarray(value)
+            if not arr.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
+                arr = arr.copy(order="C")
+            orig = arr.dtype.name
+            if orig not in _ITEMSIZE or orig == "bfloat16":
+                raise ValueError(f"tensor {name!r} has dtype {orig}; valid: {', '.join(d for d in DTYPES if d != 'bfloat16')}")
+            wire = orig
+            if orig in _FLOATS and codec == "bf16":
+                arr, wire = _bf16_bits(arr), "bfloat16"
+            elif orig in _FLOATS and codec == "fp16":
+                arr, wire = arr.astype(np.float16), "float16"
+        if arr.ndim > MAX_NDIM:
+            raise ValueError(f"tensor {name!r} has {arr.ndim} dimensions; at most {MAX_NDIM}")
+        spec = TensorSpec(name, wire, tuple(arr.shape), arr.nbytes, orig)
+        schema.append(spec.to_wire())
+        buffers.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
+    return schema, buffers
+
+
+class CudaStager:
+    """Reused pinned host buffers for CUDA tensors, one per (dtype, numel).
+
+    Allocating pinned memory is slow, so a long-lived client keeps one stager and the
+    device-to-host copy of each publish lands in the same pages every round.
+    """
+
+    def __init__(self):
+        self._buffers: dict = {}
+
+    def stage(self, t):
+        torch = sys.modules["torch"]
+        key = (t.dtype, t.numel())
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = torch.empty(t.numel(), dtype=t.dtype, pin_memory=True)
+        buf.copy_(t.reshape(-1), non_blocking=True)
+        torch.cuda.current_stream(t.device).synchronize()
+        return buf.view(t.shape)
+
+    def reset(self):
+        """Forget the buffers: after a failed send zmq may still hold one."""
+        self._buffers = {}
+
+
+# ---------------------------------------------------------------- decoding
+
+def _frame_len(frame) -> int:
+    return len(frame.buffer) if hasattr(frame, "buffer") else len(frame)
+
+
+def _frame_bytes(frame) -> bytes | memoryview:
+    return frame.buffer if hasattr(frame, "buffer") else frame
+
+
+def _need(header: dict, key: str, kind: type | tuple, cmd: str) -> Any:
+    value = header.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise WireError(f"{cmd} needs field {key!r} of type {names}, got {value!r}")
+    return value
+
+
+def parse_specs(raw: Any, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[TensorSpec]:
+    """Validate a tensor schema taken from a header: names, dtypes, shapes and sizes must agree."""
+    if not isinstance(raw, list) or len(raw) > MAX_TENSORS:
+        raise WireError(f"tensor schema must be a list of at most {MAX_TENSORS} entries")
+    specs, names, total = [], set(), 0
+    for entry in raw:
+        if not isinstance(entry, dict):
+            raise WireError("each tensor schema entry must be a map with name, dtype, shape, nbytes")
+        name, dtype, shape, nbytes = (entry.get(k) for k in ("name", "dtype", "shape", "nbytes"))
+        decode_as = entry.get("as", dtype)
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or name in names:
+            raise WireError(f"tensor name must be a unique string of 1..{MAX_NAME_CHARS} characters, got {name!r}")
+        if dtype not in _ITEMSIZE or decode_as not in _ITEMSIZE:
+            raise WireError(f"tensor {name!r}: dtype {dtype!r}/{decode_as!r} not allowed; valid: {', '.join(DTYPES)}",
+                            "bad-dtype")
+        if (dtype != decode_as) and not (dtype in _FLOATS and decode_as in _FLOATS):
+            raise WireError(f"tensor {name!r}: only floats may be compressed, not {decode_as} as {dtype}", "bad-dtype")
+        if (not isinstance(shape, list) or len(shape) > MAX_NDIM
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+            raise WireError(f"tensor {name!r}: shape must be a list of at most {MAX_NDIM} non-negative ints")
+        expected = math.prod(shape) * _ITEMSIZE[dtype]
+        if not isinstance(nbytes, int) or nbytes != expected:
+            raise WireError(f"tensor {name!r}: nbytes {nbytes!r} != prod(shape) x itemsize = {expected}")
+        total += nbytes
+        if total > max_payload:
+            raise WireError(f"payload exceeds the {max_payload}-byte limit", "too-large")
+        names.add(name)
+        specs.append(TensorSpec(name, dtype, tuple(shape), nbytes, decode_as))
+    return specs
+
+
+def _check_frames(specs: list[TensorSpec], frames: Sequence, what: str) -> None:
+    if len(frames) != len(specs):
+        raise WireError(f"{what}: schema lists {len(specs)} tensors but {len(frames)} payload frames came")
+    for spec, frame in zip(specs, frames):
+        if _frame_len(frame) != spec.nbytes:
+            raise WireError(f"{what}: tensor {spec.name!r} declares {spec.nbytes} bytes, its frame has {_frame_len(frame)}")
+
+
+def decode(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Message:
+    """Parse and validate one message. Raises WireError, never anything else, on bad input."""
+    if not frames:
+        raise WireError("empty message")
+    head = _frame_bytes(frames[0])
+    if len(head) > MAX_HEADER_BYTES:
+        raise WireError(f"header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}", "too-large")
+    try:
+        header = msgpack.unpackb(head, raw=False, strict_map_key=True,
+                                 max_str_len=MAX_HEADER_BYTES,
+                                 max_bin_len=0, max_array_len=65536, max_map_len=MAX_TENSORS)
+    except Exception as exc:  # msgpack raises many types on garbage; all mean the same here
+        raise WireError(f"header is not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(header, dict):
+        raise WireError("header must be a msgpack map")
+    version = header.get("v")
+    if version != PROTOCOL_VERSION:
+        raise WireError(f"protocol version {version!r} not supported; this peer speaks {PROTOCOL_VERSION}", "version")
+    cmd = header.get("cmd")
+    if cmd not in CLIENT_COMMANDS and cmd not in BROKER_COMMANDS:
+        raise WireError(f"unknown command {cmd!r}; valid: {', '.join(CLIENT_COMMANDS + BROKER_COMMANDS)}",
+                        "unknown-command")
+    msg = Message(cmd, header, list(frames[1:]))
+    if header.get("seq") is not None:  # nil only in an ERROR about a request that could not be read
+        _need(header, "seq", int, cmd)
+    if cmd == HELLO:
+        _need(header, "rank", int, cmd)
+    if cmd in (PUBLISH, COLLECT):
+        _need(header, "seq", int, cmd)
+        _need(header, "round", int, cmd)
+    if cmd == PUBLISH:
+        msg.specs = parse_specs(header.get("tensors"), max_payload)
+        if not msg.specs:
+            raise WireError("PUBLISH carries no tensors")
+        _check_frames(msg.specs, msg.frames, cmd)
+    elif cmd == DELIVER:
+        letters = header.get("messages")
+        if not isinstance(letters, list):
+            raise WireError("DELIVER needs a 'messages' list")
+        for letter in letters:
+            if not isinstance(letter, dict) or not isinstance(letter.get("rank"), int):
+                raise WireError("each DELIVER entry needs an int 'rank'")
+            letter["specs"] = parse_specs(letter.get("tensors"), max_payload)
+            msg.specs.extend(letter["specs"])
+        if len(msg.frames) != len(msg.specs):
+            raise WireError(f"DELIVER: schema lists {len(msg.specs)} tensors but {len(msg.frames)} frames came")
+        _check_frames(msg.specs, msg.frames, cmd)
+    elif msg.frames:
+        raise WireError(f"{cmd} carries no payload frames, got {len(msg.frames)}")
+    return msg
+
+
+def unpack_tensors(specs: Sequence[TensorSpec], frames: Sequence) -> dict[str, np.ndarray]:
+    """Read-only numpy arrays for validated frames: views where the dtype allows, else widened copies."""
+    out = {}
+    for spec, frame in zip(specs, frames):
+        buf = _frame_bytes(frame)
+        if spec.dtype == "bfloat16":
+            bits = np.frombuffer(buf, dtype=np.uint16).astype(np.uint32) << 16
+            arr = bits.view(np.float32)  # numpy has no bfloat16: it arrives widened
+            if spec.decode_as != "bfloat16":
+                arr = arr.astype(spec.decode_as, copy=False)
+        else:
+            arr = np.frombuffer(buf, dtype=spec.dtype)
+            if spec.decode_as != spec.dtype:
+                arr = arr.astype(spec.decode_as)
+        arr = arr.reshape(spec.shape)
+        arr.flags.writeable = False
+        out[spec.name] = arr
+    return out
+
+
+def deliveries(msg: Message) -> dict[int, dict[str, np.ndarray]]:
+    """Split a DELIVER message into {peer rank: {name: array}} without copying."""
+    out, start = {}, 0
+    for letter in msg.header["messages"]:
+        specs = letter["specs"]
+        out[letter["rank"]] = unpack_tensors(specs, msg.frames[start:start + len(specs)])
+        start += len(specs)
+    return out

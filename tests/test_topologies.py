@@ -1,0 +1,503 @@
+"""Tests for the topologies package: the mixing maths every agent and the broker rely on."""
+from __future__ import annotations
+
+import cmath
+import copy
+import json
+import math
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import topologies
+from topologies import NAMES, Topology, TopologyError, from_dict, from_matrix, make
+
+FAST = settings(max_examples=40, deadline=None)
+
+
+def kinds(max_n: int = 40):
+    """Every way make() can be called, over a range of swarm sizes."""
+    n = st.integers(1, max_n)
+    return st.one_of(
+        st.builds(lambda n: make("ring", n), n),
+        st.builds(lambda n: make("full", n), n),
+        st.builds(lambda n, tv: make("sparse", n, time_varying=tv), n, st.booleans()),
+        st.integers(2, max_n).flatmap(lambda n: st.builds(
+            lambda p, tv: make("sparse", n, peers=p, time_varying=tv), st.integers(1, n - 1), st.booleans())),
+    )
+
+
+def rounds_of(t: Topology) -> list[Topology]:
+    return [t.at(r) for r in range(t.period)]
+
+
+def hears_everyone(matrices) -> bool:
+    """Strong connectivity, computed independently of the package: (I + A)^(n-1) has no zero."""
+    reach = np.eye(len(matrices[0]), dtype=bool) | sum(np.asarray(m) > 0 for m in matrices).astype(bool)
+    for _ in range(max(1, len(reach)).bit_length()):   # squaring: paths of length 2, 4, 8, ... >= n - 1
+        reach = (reach.astype(float) @ reach.astype(float)) > 0
+    return bool(reach.all())
+
+
+def random_strongly_connected(rng: np.random.Generator, n: int, doubly: bool = False) -> np.ndarray:
+    """A ring (to guarantee strong connectivity) plus random extra edges, rows normalised."""
+    a = rng.random((n, n)) * (rng.random((n, n)) < 0.3)
+    a[np.arange(n), (np.arange(n) - 1) % n] += 1.0
+    a[np.arange(n), np.arange(n)] += 1.0
+    if doubly:  # Sinkhorn: alternate row and column normalisation
+        for _ in range(500):
+            a /= a.sum(axis=1, keepdims=True)
+            a /= a.sum(axis=0, keepdims=True)
+    return a / a.sum(axis=1, keepdims=True)
+
+
+# --------------------------------------------------------------------------- invariants
+@FAST
+@given(kinds())
+def test_every_made_topology_is_row_stochastic_and_read_only(t):
+    assert t.name in NAMES
+    for view in rounds_of(t):
+        p = view.matrix
+        assert p.shape == (t.n, t.n) and p.dtype == np.float64
+        assert (p >= 0).all()
+        np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-12)
+        assert not p.flags.writeable
+    assert hears_everyone([v.matrix for v in rounds_of(t)])
+
+
+@FAST
+@given(kinds(), st.integers(0, 50))
+def test_in_and_out_peers_are_mirror_images(t, round_):
+    for i in range(t.n):
+        ins = t.in_peers(i, round=round_)
+        assert list(ins) == sorted(ins) and i not in ins
+        assert all(type(j) is int for j in ins)
+        for j in range(t.n):
+            assert (j in ins) == (i in t.out_peers(j, round=round_))
+
+
+@FAST
+@given(kinds(), st.integers(0, 50))
+def test_weights_are_uniform_over_self_and_in_peers(t, round_):
+    for i in range(t.n):
+        ins = t.in_peers(i, round=round_)
+        w = t.weights(i, round=round_)
+        assert list(w) == sorted((*ins, i))
+        for j, wij in w.items():
+            assert wij == pytest.approx(1.0 / (1 + len(ins)))
+            assert t.at(round_).matrix[i, j] == wij
+        assert sum(w.values()) == pytest.approx(1.0)
+
+
+def test_weights_always_include_self_even_at_zero():
+    t = from_matrix([[0.0, 1.0], [1.0, 0.0]])
+    assert t.weights(0) == {0: 0.0, 1: 1.0} and t.in_peers(0) == (1,)
+
+
+@FAST
+@given(kinds())
+def test_made_topologies_are_doubly_stochastic(t):
+    assert t.doubly_stochastic
+
+
+# --------------------------------------------------------------------------- hand-checked graphs
+def peers(t: Topology, round_: int = 0):
+    return [t.in_peers(i, round_) for i in range(t.n)], [t.out_peers(i, round_) for i in range(t.n)]
+
+
+def test_ring_hand_checked():
+    one = make("ring", 1)
+    assert one.matrix.tolist() == [[1.0]] and peers(one) == ([()], [()])
+    assert peers(make("ring", 2)) == ([(1,), (0,)], [(1,), (0,)])
+    assert make("ring", 2).matrix.tolist() == [[0.5, 0.5], [0.5, 0.5]]
+    assert peers(make("ring", 3)) == ([(2,), (0,), (1,)], [(1,), (2,), (0,)])
+    ins, outs = peers(make("ring", 5))
+    assert ins == [(4,), (0,), (1,), (2,), (3,)] and outs == [(1,), (2,), (3,), (4,), (0,)]
+    ins, outs = peers(make("ring", 8))
+    assert ins == [((i - 1) % 8,) for i in range(8)] and outs == [((i + 1) % 8,) for i in range(8)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_full_hand_checked(n):
+    t = make("full", n)
+    others = [tuple(j for j in range(n) if j != i) for i in range(n)]
+    assert peers(t) == (others, others)
+    np.testing.assert_array_equal(t.matrix, np.full((n, n), 1.0 / n))
+
+
+@pytest.mark.parametrize("n, options, outs", [
+    (1, {}, [()]),
+    (2, {}, [(1,), (0,)]),
+    (3, {}, [(1, 2), (0, 2), (0, 1)]),                      # offsets 1, 2
+    (5, {}, [(1, 2, 4), (2, 3, 0), (3, 4, 1), (4, 0, 2), (0, 1, 3)]),  # offsets 1, 2, 4
+    (8, {}, [tuple(sorted({(i + 1) % 8, (i + 2) % 8, (i + 4) % 8})) for i in range(8)]),
+    (8, {"peers": 1}, [((i + 1) % 8,) for i in range(8)]),  # = ring
+    (8, {"peers": 7}, [tuple(sorted({(i + 1) % 8, (i + 2) % 8, (i + 4) % 8})) for i in range(8)]),  # 8, 16.. = self
+    (4, {"peers": 3}, [tuple(sorted({(i + 1) % 4, (i + 2) % 4})) for i in range(4)]),  # 4 % 4 = self, dropped
+    (6, {"peers": 5}, [tuple(sorted({(i + 1) % 6, (i + 2) % 6, (i + 4) % 6})) for i in range(6)]),  # 8%6=2 dup
+])
+def test_sparse_hand_checked(n, options, outs):
+    t = make("sparse", n, **options)
+    assert [t.out_peers(i) for i in range(n)] == [tuple(sorted(o)) for o in outs]
+    assert not t.time_varying and t.period == 1
+
+
+def test_sparse_default_peers_is_ceil_log2():
+    for n in range(2, 70):
+        k = math.ceil(math.log2(n))
+        assert len(make("sparse", n).out_peers(0)) == k
+        assert make("sparse", n).digest() == make("sparse", n, peers=k).digest()
+
+
+# --------------------------------------------------------------------------- time-varying
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9, 16, 17, 33])
+def test_time_varying_sparse_sends_to_one_peer_per_round(n):
+    t = make("sparse", n, time_varying=True)
+    k = max(1, math.ceil(math.log2(n)))
+    assert t.period == k and t.time_varying == (k > 1)
+    for r in range(3 * k):
+        view = t.at(r)
+        assert view.period == 1 and not view.time_varying
+        assert view is t.at(r + k)
+        for i in range(n):
+            assert view.out_peers(i) == ((i + 2 ** (r % k)) % n,) == t.out_peers(i, round=r)
+            assert len(view.in_peers(i)) == 1
+    assert hears_everyone([v.matrix for v in rounds_of(t)])
+    assert t.matrix is t.at(0).matrix
+
+
+def test_time_varying_round_graph_alone_need_not_be_connected():
+    t = make("sparse", 4, time_varying=True)
+    assert not hears_everyone([t.at(1).matrix])   # i -> i + 2: two separate pairs
+    assert t.at(1).name == "sparse@1"
+
+
+def test_time_varying_with_peers_cycles_through_those_offsets():
+    t = make("sparse", 16, peers=2, time_varying=True)
+    assert t.period == 2
+    assert [t.out_peers(0, round=r) for r in range(4)] == [(1,), (2,), (1,), (2,)]
+    assert make("sparse", 16, peers=1, time_varying=True).digest() == make("ring", 16).digest()
+
+
+def test_at_and_rank_arguments_are_checked():
+    ring = make("ring", 4)
+    assert ring.at(0) is ring and ring.at(123) is ring
+    with pytest.raises(TopologyError, match="round must be >= 0"):
+        ring.at(-1)
+    with pytest.raises(TopologyError, match="round must be an integer"):
+        ring.in_peers(0, round=1.5)
+    with pytest.raises(TopologyError, match=r"rank 4 out of range.*0\.\.3"):
+        ring.in_peers(4)
+    with pytest.raises(TopologyError, match="rank must be an integer"):
+        ring.weights("0")
+    assert ring.in_peers(np.int64(1)) == (0,)
+
+
+# --------------------------------------------------------------------------- spectrum
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 16])
+def test_full_graph_mixes_in_one_round(n):
+    t = make("full", n)
+    assert t.slem == pytest.approx(0.0, abs=1e-12)
+    assert t.spectral_gap == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 13, 32])
+def test_ring_slem_matches_closed_form(n):
+    expected = abs((1 + cmath.exp(2j * math.pi / n)) / 2)   # = cos(pi / n)
+    assert make("ring", n).slem == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize("n", [3, 5, 8, 12, 20])
+def test_sparse_slem_matches_circulant_eigenvalues(n):
+    t = make("sparse", n)
+    offsets = t.out_peers(0)                                  # agent i sends to i + o for each o
+    eig = [abs(1 + sum(cmath.exp(2j * math.pi * k * o / n) for o in offsets)) / (1 + len(offsets))
+           for k in range(1, n)]
+    assert t.slem == pytest.approx(max(eig), abs=1e-9)
+
+
+def test_time_varying_slem_is_per_round_rate_of_one_period():
+    t = make("sparse", 8, time_varying=True)
+    assert t.slem == 0.0      # offsets 1, 2, 4 average 8 agents exactly in 3 rounds
+    t = make("sparse", 6, time_varying=True)
+    product = t.at(2).matrix @ t.at(1).matrix @ t.at(0).matrix
+    moduli = sorted(np.abs(np.linalg.eigvals(product)), reverse=True)
+    assert t.slem == pytest.approx(moduli[1] ** (1 / 3), abs=1e-9)
+    assert 0 < t.slem < 1
+
+
+def test_single_agent_slem_is_zero():
+    assert make("ring", 1).slem == 0.0 and make("sparse", 1, time_varying=True).slem == 0.0
+
+
+def test_periodic_matrix_has_slem_one_and_is_explained():
+    t = from_matrix([[0.0, 1.0], [1.0, 0.0]])   # zero diagonal is allowed, but never converges
+    assert t.slem == pytest.approx(1.0) and t.spectral_gap == pytest.approx(0.0)
+    assert "never shrinks" in t.describe()
+
+
+# --------------------------------------------------------------------------- gossip simulation
+@pytest.mark.parametrize("t", [make("ring", 8), make("ring", 13), make("sparse", 12), make("full", 5),
+                               make("sparse", 10, time_varying=True), make("sparse", 16, time_varying=True)],
+                         ids=repr)
+def test_gossip_converges_to_the_average_at_the_slem_rate(t):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(t.n, 3))
+    mean = x.mean(axis=0)
+    errors = [np.linalg.norm(x - mean)]
+    rounds = 420                                                       # a multiple of every period here
+    for r in range(rounds):
+        x = t.at(r).matrix @ x
+        errors.append(np.linalg.norm(x - mean))
+    np.testing.assert_allclose(x.mean(axis=0), mean, atol=1e-12)      # doubly stochastic: mean is kept
+    assert errors[-1] <= 1e-3 * errors[0] + 1e-12
+    k = t.period                                                       # measure whole periods
+    # only while the error is well above float noise (~1e-16 of |x|), where ratios are meaningful
+    per_period = [errors[s + k] / errors[s] for s in range(0, rounds - k + 1, k) if errors[s + k] > 1e-9 * errors[0]]
+    for ratio in per_period:                                           # normal matrices: never slower than slem
+        assert ratio <= t.slem ** k * (1 + 1e-6)
+    if t.slem > 0.05:                                                  # and the slowest mode is really that slow
+        assert per_period[-1] ** (1 / k) == pytest.approx(t.slem, rel=0.05)
+
+
+def test_row_stochastic_gossip_converges_to_the_weighted_average():
+    rng = np.random.default_rng(1)
+    p = random_strongly_connected(rng, 9)
+    t = from_matrix(p)
+    assert not t.doubly_stochastic
+    pi = np.real(np.linalg.eig(p.T)[1][:, 0])
+    pi /= pi.sum()                                                     # left Perron vector: the consensus weights
+    x0 = rng.normal(size=9)
+    x = x0.copy()
+    for _ in range(400):
+        x = t.matrix @ x
+    np.testing.assert_allclose(x, np.full(9, pi @ x0), atol=1e-9)
+    assert not np.allclose(x, x0.mean())                               # ...which is not the plain mean
+
+
+def test_random_doubly_stochastic_matrix_contracts_within_slem_bound():
+    rng = np.random.default_rng(2)
+    t = from_matrix(random_strongly_connected(rng, 10, doubly=True))
+    assert t.doubly_stochastic
+    x = rng.normal(size=10)
+    mean = x.mean()
+    start = np.linalg.norm(x - mean)
+    steps = 30
+    for _ in range(steps):
+        x = t.matrix @ x
+    rate = (np.linalg.norm(x - mean) / start) ** (1 / steps)
+    # non-normal P: transients may differ, but the long-run rate cannot beat slem by much nor exceed 1
+    assert rate <= min(1.0, 1.5 * t.slem + 0.05)
+
+
+# --------------------------------------------------------------------------- from_matrix and files
+def test_from_matrix_roundtrips_through_npy_and_csv(tmp_path):
+    p = random_strongly_connected(np.random.default_rng(3), 6)
+    direct = from_matrix(p)
+    np.save(tmp_path / "p.npy", p)
+    np.savetxt(tmp_path / "p.csv", p, delimiter=",", fmt="%.17g")
+    for source in (tmp_path / "p.npy", str(tmp_path / "p.csv"), p.tolist()):
+        t = from_matrix(source)
+        assert t.name == "matrix" and t.n == 6 and not t.time_varying
+        np.testing.assert_array_equal(t.matrix, p)
+        assert t.digest() == direct.digest()
+
+
+def test_from_matrix_copies_its_input():
+    p = np.array([[0.5, 0.5], [0.5, 0.5]])
+    t = from_matrix(p)
+    p[0, 0] = 7.0
+    assert t.matrix[0, 0] == 0.5
+
+
+def test_csv_with_few_digits_still_matches_digest(tmp_path):
+    (tmp_path / "ring.csv").write_text("0.5,0,0.5\n0.5,0.5,0\n0,0.5,0.5\n")
+    assert from_matrix(tmp_path / "ring.csv").digest() == make("ring", 3).digest()
+
+
+# --------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("call, words", [
+    (lambda: make("star", 4), ["unknown topology 'star'", "ring, sparse, full"]),
+    (lambda: make("ring", 0), ["n must be >= 1", "got 0"]),
+    (lambda: make("ring", -3), ["n must be >= 1"]),
+    (lambda: make("ring", 2.5), ["n must be an integer"]),
+    (lambda: make("ring", True), ["n must be an integer"]),
+    (lambda: make("ring", 4, peers=2), ["unknown option 'peers' for 'ring'", "valid options: none"]),
+    (lambda: make("sparse", 4, fanout=2), ["unknown option 'fanout'", "peers, time_varying"]),
+    (lambda: make("sparse", 4, peers=0), ["peers must be from 1 to 3", "got 0"]),
+    (lambda: make("sparse", 4, peers=4), ["peers must be from 1 to 3", "got 4"]),
+    (lambda: make("sparse", 1, peers=1), ["n=1", "leave peers unset"]),
+    (lambda: make("sparse", 4, peers="2"), ["peers must be an integer"]),
+    (lambda: make("sparse", 4, time_varying="yes"), ["time_varying must be True or False"]),
+    (lambda: from_matrix([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), ["square", "(2, 3)"]),
+    (lambda: from_matrix([0.5, 0.5]), ["2-D", "(2,)"]),
+    (lambda: from_matrix(np.zeros((0, 0))), ["empty", "at least one agent"]),
+    (lambda: from_matrix([[0.5, 0.5], [1.0]]), ["square 2-D array of numbers"]),
+    (lambda: from_matrix([["a", "b"], ["c", "d"]]), ["real numbers", "dtype"]),
+    (lambda: from_matrix([[0.5, np.nan], [0.5, 0.5]]), ["[0, 1]", "nan", "finite"]),
+    (lambda: from_matrix([[0.5, np.inf], [0.5, 0.5]]), ["inf", "finite"]),
+    (lambda: from_matrix([[1.5, -0.5], [0.5, 0.5]]), ["[0, 1]", "negative", ">= 0"]),
+    (lambda: from_matrix([[0.5, 0.5], [0.3, 0.3]]), ["row 1 sums to 0.6", "must sum to 1"]),
+    (lambda: from_matrix([[1.0, 0.0], [0.0, 1.0]]),
+     ["not strongly connected", "agents {1} can never hear from agents {0}", "cannot reach consensus"]),
+    (lambda: from_matrix([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.5, 0.5]]),
+     ["not strongly connected", "agents {0, 1} can never hear from agents {2}"]),
+    (lambda: from_matrix("weights.txt"), [".npy or .csv", "weights.txt"]),
+    (lambda: from_matrix("missing.npy"), ["cannot read", "missing.npy"]),
+])
+def test_validation_errors_say_what_is_wrong_and_what_is_valid(call, words):
+    with pytest.raises(TopologyError) as info:
+        call()
+    message = str(info.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_row_sum_tolerance_is_1e_6():
+    from_matrix([[0.5 + 5e-7, 0.5], [0.5, 0.5]])
+    with pytest.raises(TopologyError, match="row 0 sums to"):
+        from_matrix([[0.5 + 5e-6, 0.5], [0.5, 0.5]])
+
+
+def test_unreadable_csv_is_a_topology_error(tmp_path):
+    (tmp_path / "bad.csv").write_text("0.5,zero\n0.5,0.5\n")
+    with pytest.raises(TopologyError, match="cannot read a matrix from"):
+        from_matrix(tmp_path / "bad.csv")
+
+
+def test_topology_error_is_a_value_error():
+    assert issubclass(TopologyError, ValueError)
+
+
+def test_topologies_are_immutable():
+    t = make("ring", 3)
+    with pytest.raises(AttributeError):
+        t.n = 4
+    with pytest.raises(AttributeError):
+        t._n = 4
+    with pytest.raises(ValueError):
+        t.matrix[0, 0] = 1.0
+    with pytest.raises(TypeError, match="make"):
+        Topology()
+
+
+# --------------------------------------------------------------------------- digest and dicts
+def test_digest_identifies_content_not_name():
+    assert make("ring", 5).digest() == make("ring", 5).digest()
+    assert make("ring", 5).digest() == from_matrix(make("ring", 5).matrix).digest()
+    assert make("sparse", 2).digest() == make("ring", 2).digest() == make("full", 2).digest()
+    different = [make("ring", 5), make("ring", 6), make("full", 5), make("sparse", 5),
+                 make("sparse", 5, time_varying=True), make("sparse", 5, time_varying=True).at(1)]
+    assert len({t.digest() for t in different}) == len(different)
+    d = make("ring", 5).digest()
+    assert len(d) == 16 and int(d, 16) >= 0
+
+
+def test_digest_ignores_negative_zero_and_tiny_noise():
+    p = make("ring", 4).matrix.copy()
+    p[0, 1] = -0.0
+    q = p + 1e-15 * (p > 0)
+    assert from_matrix(p).digest() == from_matrix(q).digest() == make("ring", 4).digest()
+
+
+ALL = [make("ring", 1), make("ring", 6), make("full", 4), make("sparse", 9), make("sparse", 9, peers=2),
+       make("sparse", 9, time_varying=True), make("sparse", 9, time_varying=True).at(2),
+       from_matrix(random_strongly_connected(np.random.default_rng(4), 5))]
+
+
+@pytest.mark.parametrize("t", ALL, ids=repr)
+def test_to_dict_from_dict_roundtrip_through_json(t):
+    d = t.to_dict()
+    assert set(d) == {"name", "n", "options", "matrix", "digest"}
+    back = from_dict(json.loads(json.dumps(d)))
+    assert (back.name, back.n, back.period, back.digest()) == (t.name, t.n, t.period, t.digest())
+    assert back.to_dict() == d
+
+
+@pytest.mark.parametrize("t", ALL, ids=repr)
+def test_pickle_and_copy_keep_the_topology(t):
+    for clone in (pickle.loads(pickle.dumps(t)), copy.deepcopy(t)):
+        assert (clone.name, clone.n, clone.period, clone.digest()) == (t.name, t.n, t.period, t.digest())
+
+
+def test_from_dict_accepts_minimal_hand_written_configs():
+    assert from_dict({"name": "sparse", "n": 8, "options": {"time_varying": True}}).period == 3
+    assert from_dict({"name": "ring", "n": 4}).digest() == make("ring", 4).digest()
+    assert from_dict({"name": "mine", "matrix": [[0.5, 0.5], [0.5, 0.5]]}).name == "mine"
+
+
+@pytest.mark.parametrize("d, words", [
+    ([1, 2], ["mapping"]),
+    ({"name": "ring", "n": 4, "peer": 1}, ["unknown key 'peer'", "name, n, options, matrix, digest"]),
+    ({"n": 4}, ["needs a 'name'"]),
+    ({"name": "ring"}, ["needs 'n'"]),
+    ({"name": "star", "n": 4}, ["unknown topology 'star'", "ring, sparse, full", "'matrix'"]),
+    ({"name": "ring", "n": 4, "options": {"peers": 2}}, ["unknown option 'peers'"]),
+    ({"name": "ring", "n": 4, "options": [1]}, ["options must be a mapping"]),
+    ({"name": "ring", "n": 3, "matrix": make("full", 3).matrix.tolist()}, ["does not match 'ring'"]),
+    ({"name": "ring", "n": 3, "digest": "0123456789abcdef"}, ["digest mismatch"]),
+    ({"name": "m", "n": 3, "matrix": [[0.5, 0.5], [0.5, 0.5]]}, ["n=3", "2x2"]),
+    ({"name": "m", "options": {"peers": 1}, "matrix": [[1.0]]}, ["only meaningful for the named"]),
+    ({"name": "m", "matrix": [[1.0, 0.0], [0.0, 1.0]]}, ["not strongly connected"]),
+    ({"name": "sparse@5", "n": 8, "options": {"time_varying": True}}, ["rounds 0..2"]),
+])
+def test_from_dict_rejects_inconsistent_dicts(d, words):
+    with pytest.raises(TopologyError) as info:
+        from_dict(d)
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+# --------------------------------------------------------------------------- describe
+def test_describe_small_shows_matrix_peers_and_interpretation():
+    text = make("ring", 4).describe()
+    for word in ["'ring'", "n=4", "matrix", "0.500", "rank 0: in 3 | out 1", "slem 0.7071",
+                 "spectral gap 0.2929", "doubly stochastic: yes", "~14 rounds to shrink it 100x"]:
+        assert word in text, (word, text)
+
+
+def test_describe_large_lists_peers_instead_of_matrix():
+    text = make("full", 40).describe()
+    assert "too large to show" in text and "rank 39: in 0-38 | out 0-38" in text
+    assert "consensus is exact after one round" in text
+
+
+def test_describe_time_varying_shows_every_round():
+    text = make("sparse", 8, time_varying=True).describe()
+    assert "time-varying, period 3" in text
+    assert all(f"round {r} (every round t with t % 3 == {r})" in text for r in range(3))
+    assert "exact after one period (3 rounds)" in text
+
+
+def test_describe_weighted_average():
+    text = from_matrix([[0.5, 0.5, 0], [0, 0.5, 0.5], [0.2, 0, 0.8]]).describe()
+    assert "doubly stochastic: no" in text and "weighted average" in text
+
+
+# --------------------------------------------------------------------------- packaging and drawing
+def test_package_imports_only_numpy_and_the_standard_library():
+    code = ("import sys; before = set(sys.modules); import topologies; "
+            "print('\\n'.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(topologies.__file__).parents[1]).stdout.split()
+    foreign = [m for m in out if m not in sys.stdlib_module_names and m not in ("numpy", "topologies")
+               and not m.startswith("_")]
+    assert foreign == []
+
+
+@pytest.mark.parametrize("t", [make("ring", 5), make("sparse", 8, time_varying=True), make("full", 12),
+                               make("ring", 1)], ids=repr)
+def test_draw_topology_writes_a_png(tmp_path, t):
+    pytest.importorskip("matplotlib")
+    from gossiprl.draw import draw_topology
+    path = tmp_path / "topology.png"
+    draw_topology(t, path)
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 1000
