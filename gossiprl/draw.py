@@ -1,8 +1,13 @@
-"""Pictures of gossip topologies: a quick visual check of who hears from whom before a run."""
+"""Pictures: gossip topologies (who hears from whom, before a run) and learning curves (after)."""
 from __future__ import annotations
 
+import csv
+import json
 import math
 import os
+from pathlib import Path
+
+import numpy as np
 
 
 def draw_topology(topology, path: str | os.PathLike) -> None:
@@ -78,3 +83,107 @@ def draw_topology(topology, path: str | os.PathLike) -> None:
     fig.text(0.5, 0.02, "arrow j \u2192 i: agent i mixes in agent j's parameters", ha="center",
              fontsize=8, color="dimgray")
     fig.savefig(path, format="png", dpi=120)
+
+
+def plot_runs(run_dirs, path: str | os.PathLike, smooth: int = 1) -> None:
+    """Save a PNG comparing runs: return vs total frames (left) and vs wall-clock seconds (right).
+
+    The two panels answer the two questions of the papers: is gossip as sample-efficient as
+    one big learner (frames summed over all agents, so an n-agent run is charged for all n),
+    and is it faster in time. A run's curve is the mean over its agents, each agent's curve
+    interpolated onto a common grid, because agents need not log at the same frames (async
+    gossip, a resume); the grid spans only the range every agent reached, so the mean never
+    silently becomes a mean over fewer agents near the end. ``smooth`` > 1 is a trailing
+    moving average over that many grid points. Like ``draw_topology``, it renders on its own
+    Agg canvas and leaves pyplot alone.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if smooth < 1:
+        raise ValueError(f"smooth must be at least 1, got {smooth}")
+    fig = Figure(figsize=(12, 4.5))
+    FigureCanvasAgg(fig)
+    by_frames, by_time = fig.subplots(1, 2, sharey=True)
+    y_columns = set()
+    for run_dir in map(Path, run_dirs):
+        agents = [_read_metrics(csv_path) for csv_path in sorted(run_dir.glob("agent-*/metrics.csv"))]
+        if not agents:
+            raise FileNotFoundError(f"no agent-<rank>/metrics.csv under {run_dir}: nothing to plot for that run")
+        y_columns.update(column for column, _ in agents)
+        curves = [points for _, points in agents if len(points)]
+        label = _run_label(run_dir, len(agents))
+        if not curves:
+            label += " (no finished episodes yet)"
+        x, y = _mean_curve(curves, 0, smooth, scale=len(agents))
+        # a short run may have logged once (at its end): a lone point needs a marker to show
+        line, = by_frames.plot(x, y, marker="o" if len(x) == 1 else None, label=label)
+        by_time.plot(*_mean_curve(curves, 1, smooth), marker=line.get_marker(), color=line.get_color())
+
+    y_label = "mean return, last 100 episodes" if y_columns == {"mean_return_100"} else "return"
+    by_frames.set_ylabel(f"{y_label} (mean over agents)")
+    by_frames.set_xlabel("frames, summed over agents")
+    by_time.set_xlabel("wall-clock seconds of training")
+    for ax in (by_frames, by_time):
+        ax.grid(alpha=0.3)
+    by_frames.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=120)
+
+
+def _read_metrics(csv_path: Path) -> tuple[str, np.ndarray]:
+    """(column used, rows of [frames, wall_s, return]) for one agent.
+
+    mean_return_100 is the smoother signal; episodic_return is the fallback for logs without
+    it, chosen per file so one curve never mixes the two. Rows logged before any episode
+    finished are skipped. After a resume from an older checkpoint, frames step back and the
+    rows past the checkpoint are logged again; the later rows win, as in TensorBoard.
+    """
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        column = "mean_return_100" if "mean_return_100" in (reader.fieldnames or []) else "episodic_return"
+        points: list[tuple[float, float, float]] = []
+        for row in reader:
+            if not row.get(column):
+                continue
+            frames = float(row["frames"])
+            while points and points[-1][0] >= frames:
+                points.pop()
+            points.append((frames, float(row["wall_s"]), float(row[column])))
+    return column, np.array(points, dtype=np.float64).reshape(-1, 3)
+
+
+def _mean_curve(curves: list[np.ndarray], x_col: int, smooth: int, scale: float = 1.0):
+    """Mean of the agents' returns against column ``x_col``, on the sample points of all
+    agents that lie in the range every agent covers (so identical logging needs no interpolation)."""
+    if not curves:
+        return [], []
+    lo = max(c[0, x_col] for c in curves)
+    hi = min(c[-1, x_col] for c in curves)
+    grid = np.unique(np.concatenate([c[:, x_col] for c in curves]))
+    grid = grid[(grid >= lo) & (grid <= hi)]
+    # np.interp needs rising x: _read_metrics leaves frames strictly rising, and wall_s with them
+    y = np.mean([np.interp(grid, c[:, x_col], c[:, 2]) for c in curves], axis=0)
+    if smooth > 1:
+        sums = np.cumsum(np.insert(y, 0, 0.0))
+        counts = np.minimum(np.arange(1, len(y) + 1), smooth)
+        y = (sums[1:] - sums[np.arange(len(y)) + 1 - counts]) / counts
+    return grid * scale, y
+
+
+def _run_label(run_dir: Path, agents_logged: int) -> str:
+    """The dir's name, plus what the launcher's config.json says about agents, topology and mode."""
+    name = run_dir.resolve().name
+    config_path = run_dir / "config.json"
+    if not config_path.exists():
+        return f"{name} ({agents_logged} agent{'s' if agents_logged != 1 else ''})"
+    config = json.loads(config_path.read_text())
+    swarm = config.get("swarm") or {}
+    agents = swarm.get("agents", agents_logged)
+    parts = [f"{agents} agent{'s' if agents != 1 else ''}"]
+    topology = (config.get("topology") or {}).get("name") or swarm.get("topology")
+    if topology:
+        parts.append(str(topology))
+        if swarm.get("mode"):
+            parts.append(swarm["mode"])
+    return f"{name} ({', '.join(parts)})"

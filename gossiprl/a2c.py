@@ -1,0 +1,130 @@
+"""Synchronous advantage actor-critic (A2C), the learner inside every PALA/GALA agent.
+
+Read top to bottom: hyperparameters, n-step returns, the loss, rollout storage, one update.
+The defaults are GALA's ``arguments.py`` (which PALA keeps), so Atari runs are comparable
+with the papers' tables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class A2CConfig:
+    num_envs: int = 16
+    """Environments stepped in lockstep by this agent's learner (the papers' actors per learner)."""
+    n_steps: int = 5
+    """Steps per env before each update; the return bootstraps from V after n_steps."""
+    lr: float = 7e-4
+    """RMSProp learning rate (GALA's README uses 1.4e-3 with 4 learners on Atari)."""
+    rmsprop_eps: float = 1e-5
+    """RMSProp epsilon, larger than torch's 1e-8 default as in the A2C papers, so steps stay
+    bounded while the squared-gradient average is still near zero."""
+    rmsprop_alpha: float = 0.99
+    """RMSProp smoothing constant for the squared-gradient average."""
+    entropy_coef: float = 0.01
+    """Weight of the entropy bonus that keeps the policy from collapsing early."""
+    value_coef: float = 0.5
+    """Weight of the value loss against the policy loss (one shared optimizer)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip, which keeps a lucky large return from blowing up an update."""
+    clip_rewards: bool | None = None
+    """Use sign(r) in the loss, as DeepMind does so one lr fits every game. None means: on
+    for Atari, off otherwise. Logged episode returns are always the raw score."""
+
+
+def nstep_returns(rewards: torch.Tensor, dones: torch.Tensor, last_value: torch.Tensor,
+                  gamma: float) -> torch.Tensor:
+    """G_t = sum_k gamma^k r_{t+k} + gamma^(N-t) V(s_N), cut at episode ends.
+
+    rewards, dones: (n_steps, num_envs); dones[t] is true when the step taken at t ended
+    the episode, so nothing after it (neither later rewards nor V(s_N)) leaks into G_t.
+    last_value: (num_envs,), V of the observation after the last step.
+    """
+    returns = torch.empty_like(rewards)
+    running = last_value
+    for t in reversed(range(rewards.shape[0])):
+        running = rewards[t] + gamma * running * (1.0 - dones[t])
+        returns[t] = running
+    return returns
+
+
+def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
+             returns: torch.Tensor, value_coef: float, entropy_coef: float
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Policy gradient with advantage A = G - V, squared value error, minus an entropy bonus.
+
+    Inputs are flat over (step, env): logits (B, A), values/actions/returns (B,). The advantage
+    is detached so the policy term does not train the critic. Metrics are returned as
+    detached tensors, so the caller decides when to pay for a device sync.
+    """
+    log_probs = torch.log_softmax(logits, dim=-1)
+    action_log_probs = log_probs.gather(1, actions.unsqueeze(1)).squeeze(1)
+    advantages = returns - values
+    value_loss = advantages.pow(2).mean()
+    policy_loss = -(advantages.detach() * action_log_probs).mean()
+    entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+    loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
+    metrics = {
+        "losses/value_loss": value_loss.detach(),
+        "losses/policy_loss": policy_loss.detach(),
+        "losses/entropy": entropy.detach(),
+    }
+    return loss, metrics
+
+
+class Rollout:
+    """Preallocated (n_steps, num_envs) storage for one update; ``obs`` has one more row.
+
+    ``obs[n_steps]`` is the state the returns bootstrap from, and becomes ``obs[0]`` of the
+    next rollout, so the learner evaluates all n_steps + 1 rows in a single forward pass.
+    """
+
+    def __init__(self, n_steps: int, num_envs: int, obs_shape: tuple[int, ...],
+                 obs_dtype: torch.dtype, device: torch.device):
+        self.obs = torch.zeros((n_steps + 1, num_envs, *obs_shape), dtype=obs_dtype, device=device)
+        self.actions = torch.zeros((n_steps, num_envs), dtype=torch.long, device=device)
+        self.rewards = torch.zeros((n_steps, num_envs), dtype=torch.float32, device=device)
+        self.dones = torch.zeros((n_steps, num_envs), dtype=torch.float32, device=device)
+        self.bootstrap = torch.zeros((n_steps, num_envs), dtype=torch.float32, device=device)
+        """gamma * V(final obs) for steps where a time limit cut the episode, else 0."""
+
+    def truncation_bonus(self, step: int, envs: torch.Tensor, final_values: torch.Tensor, cfg: A2CConfig) -> None:
+        """Envs cut by a time limit at ``step`` get gamma * V(final obs) added to that step's return.
+
+        The step stays done, so nothing of the next episode leaks in, but the return goes
+        on as if the episode had. Kept apart from the rewards so reward clipping leaves it alone.
+        """
+        self.bootstrap[step, envs] = cfg.gamma * final_values.float()
+
+    def next_rollout(self) -> None:
+        self.obs[0].copy_(self.obs[-1])
+        self.bootstrap.zero_()
+
+
+def make_optimizer(model: nn.Module, cfg: A2CConfig) -> torch.optim.Optimizer:
+    return torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=cfg.rmsprop_alpha,
+                               eps=cfg.rmsprop_eps)
+
+
+def update(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: Rollout,
+           cfg: A2CConfig) -> dict[str, torch.Tensor]:
+    """One A2C step on a full rollout: evaluate, n-step returns, loss, clipped RMSProp step."""
+    n_steps, num_envs = rollout.rewards.shape
+    logits, values = model(rollout.obs.flatten(0, 1))
+    values = values.view(n_steps + 1, num_envs)
+    rewards = (rollout.rewards.sign() if cfg.clip_rewards else rollout.rewards) + rollout.bootstrap
+    returns = nstep_returns(rewards, rollout.dones, values[-1].detach(), cfg.gamma)
+    loss, metrics = a2c_loss(logits[: n_steps * num_envs], values[:-1].flatten(),
+                             rollout.actions.flatten(), returns.flatten(),
+                             cfg.value_coef, cfg.entropy_coef)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    return metrics

@@ -1,0 +1,282 @@
+"""One PALA/GALA agent: an A2C learner that hands its parameters to gossip after each update.
+
+``train`` is the whole agent in one loop: act n_steps in every env, one A2C update, then
+(every ``gossip_every`` updates) ``gossip.exchange(flat_params)``, which mixes the peers'
+parameters into ours in place. The loop knows nothing about sockets or topologies; any object
+with that one method will do, and ``gossip=None`` is plain single-agent A2C.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Mapping, Protocol
+
+import numpy as np
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+from gossiprl.a2c import A2CConfig, Rollout, make_optimizer, update
+from gossiprl.envs import is_atari, make_env
+from gossiprl.models import flatten_parameters, make_model
+
+
+@dataclass
+class AgentConfig:
+    env_id: str = "CartPole-v1"
+    """A gymnasium id, or an Atari id ('ALE/Pong-v5', 'PongNoFrameskip-v4')."""
+    total_frames: int = 2_000_000
+    """Frames for THIS agent, counted over a resume. On Atari a frame is an emulator frame,
+    i.e. env steps x 4 (frameskip), as the papers count them; elsewhere one env step."""
+    seed: int = 1
+    """Base seed; agent ``rank`` uses seed + rank, so agents explore differently."""
+    agents: int = 1
+    """How many agents share this host; only sizes the default torch_threads."""
+    device: str = "auto"
+    """'auto', 'cpu' or 'cuda'; on cuda agent ``rank`` takes GPU rank % device_count."""
+    torch_threads: int = 0
+    """Intra-op threads for torch and ALE; 0 means max(1, cpu_count // agents), so agents
+    on one host do not oversubscribe the cores."""
+    sticky_actions: float = 0.0
+    """Atari repeat_action_probability (0 as in the papers)."""
+    gossip_every: int = 1
+    """Exchange parameters after every this many updates (1 = after every step, as PALA)."""
+    log_every: int = 100
+    """Updates between rows of metrics.csv / TensorBoard points."""
+    checkpoint_every: int = 1000
+    """Updates between checkpoints (one is also written at the end)."""
+    stop_at_return: float | None = None
+    """Stop early once the mean of the last 100 finished episodes reaches this."""
+    a2c: A2CConfig = field(default_factory=A2CConfig)
+    """The learner's hyperparameters (paper defaults)."""
+
+
+class GossipHook(Protocol):
+    def exchange(self, flat_params: torch.Tensor) -> Mapping[str, float]:
+        """Publish flat_params, mix the in-peers' parameters into it in place, return stats
+        such as 'gossip/wait_s', 'gossip/mix_s', 'gossip/round', 'gossip/consensus_distance'."""
+
+
+METRIC_COLUMNS = [
+    "frames", "wall_s", "updates", "episodic_return", "mean_return_100", "fps",
+    "losses/value_loss", "losses/policy_loss", "losses/entropy",
+    "gossip/wait_s", "gossip/mix_s", "gossip/consensus_distance",
+]
+"""metrics.csv columns; any other keys gossip.exchange returns are appended (sorted) after them."""
+
+
+PROGRESS_EVERY_S = 1.0
+"""Seconds between progress reports to the launcher (also sent once at the end)."""
+
+
+def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
+          gossip: GossipHook | None = None, resume: bool = False, stop=None,
+          progress: Callable[[dict], None] | None = None) -> dict:
+    """Train one agent into ``run_dir/agent-<rank>/`` and return a summary.
+
+    ``stop`` is any Event-like object (threading or multiprocessing); setting it ends the
+    loop after the current update, with a final log row and checkpoint. ``progress`` gets,
+    about once a second and at the end, ``{"frames", "wall_s", "gossip_s", "returns"}``:
+    this agent's frames so far, its seconds of training and of gossip in this session, and
+    the returns of the episodes finished since the previous report, so a launcher can judge
+    the whole swarm (the solve threshold over all agents' last 100 episodes).
+    """
+    agent_dir = Path(run_dir) / f"agent-{rank}"
+    agent_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint_path = agent_dir / "checkpoint.pt"
+    checkpoint = load_checkpoint(checkpoint_path) if resume else None
+    counters = checkpoint["counters"] if checkpoint else {"updates": 0, "frames": 0, "episodes": 0, "wall_s": 0.0}
+    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=100)
+    (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2))
+
+    # Seeding: the update count is mixed in so a resumed run draws new episodes and actions
+    # instead of replaying the ones it started with.
+    rng = np.random.default_rng([cfg.seed + rank, counters["updates"]])
+    torch.manual_seed(int(rng.integers(2**31)))
+    threads = cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.agents)
+    torch.set_num_threads(threads)
+    device = pick_device(cfg.device, rank)
+    a2c = cfg.a2c
+    if a2c.clip_rewards is None:
+        a2c = replace(a2c, clip_rewards=is_atari(cfg.env_id))
+
+    envs = make_env(cfg.env_id, a2c.num_envs, int(rng.integers(2**30)),
+                    sticky_actions=cfg.sticky_actions, num_threads=threads)
+    model = make_model(envs.observation_space, envs.action_space).to(device)
+    flat_params = flatten_parameters(model)
+    optimizer = make_optimizer(model, a2c)
+    if checkpoint:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+
+    first_obs = torch.from_numpy(envs.reset())
+    rollout = Rollout(a2c.n_steps, a2c.num_envs, first_obs.shape[1:], first_obs.dtype, device)
+    rollout.obs[0].copy_(first_obs)
+    frames_per_update = a2c.n_steps * a2c.num_envs * envs.frames_per_step
+    log = MetricsLog(agent_dir, resume, purge_step=counters["frames"] if checkpoint else None)
+
+    updates, frames, episodes = counters["updates"], counters["frames"], counters["episodes"]
+    timing = {"rollout": 0.0, "learn": 0.0, "gossip": 0.0}
+    start = time.perf_counter()
+    start_frames = frames
+    last_log_time, last_log_frames = start, frames
+    returns_since_log: list[float] = []
+    returns_since_report: list[float] = []
+    last_report = start
+    gossip_stats: dict[str, float] = {}
+
+    while frames < cfg.total_frames and not (stop is not None and stop.is_set()):
+        t0 = time.perf_counter()
+        for step in range(a2c.n_steps):
+            with torch.no_grad():
+                logits, _ = model(rollout.obs[step])
+                actions = torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(1)
+            obs, rewards, dones, (cut, final_obs) = envs.step(actions.cpu().numpy())
+            rollout.actions[step] = actions
+            rollout.obs[step + 1].copy_(torch.from_numpy(obs))
+            rollout.rewards[step].copy_(torch.from_numpy(rewards))
+            rollout.dones[step].copy_(torch.from_numpy(dones))
+            if len(cut):  # time limit: bootstrap from the state the episode was cut in
+                with torch.no_grad():
+                    _, cut_values = model(torch.from_numpy(final_obs).to(device))
+                rollout.truncation_bonus(step, torch.from_numpy(cut).to(device), cut_values, a2c)
+        t1 = time.perf_counter()
+
+        losses = update(model, optimizer, rollout, a2c)
+        rollout.next_rollout()
+        updates += 1
+        frames += frames_per_update
+        t2 = time.perf_counter()
+
+        if gossip is not None and updates % cfg.gossip_every == 0:
+            gossip_stats = {k: float(v) for k, v in gossip.exchange(flat_params).items()}
+        t3 = time.perf_counter()
+        timing["rollout"] += t1 - t0
+        timing["learn"] += t2 - t1
+        timing["gossip"] += t3 - t2
+
+        for episode_return, _ in envs.pop_episodes():
+            recent_returns.append(episode_return)
+            returns_since_log.append(episode_return)
+            returns_since_report.append(episode_return)
+            episodes += 1
+        solved = (cfg.stop_at_return is not None and len(recent_returns) == recent_returns.maxlen
+                  and float(np.mean(recent_returns)) >= cfg.stop_at_return)
+        finished = solved or frames >= cfg.total_frames or (stop is not None and stop.is_set())
+
+        if updates % cfg.log_every == 0 or finished:
+            now = time.perf_counter()
+            row = {
+                "frames": frames,
+                "wall_s": counters["wall_s"] + now - start,
+                "updates": updates,
+                "episodic_return": float(np.mean(returns_since_log)) if returns_since_log else None,
+                "mean_return_100": float(np.mean(recent_returns)) if recent_returns else None,
+                "fps": (frames - last_log_frames) / max(now - last_log_time, 1e-9),
+                **{k: float(v) for k, v in losses.items()},
+                **gossip_stats,
+            }
+            log.write(row, {f"timing/{k}_s": v for k, v in timing.items()})
+            last_log_time, last_log_frames = now, frames
+            returns_since_log = []
+        if updates % cfg.checkpoint_every == 0 or finished:
+            save_checkpoint(checkpoint_path, {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "counters": {"updates": updates, "frames": frames, "episodes": episodes,
+                             "wall_s": counters["wall_s"] + time.perf_counter() - start},
+                "recent_returns": list(recent_returns),
+                "config": asdict(cfg),
+            })
+        if progress is not None and (finished or time.perf_counter() - last_report >= PROGRESS_EVERY_S):
+            last_report = time.perf_counter()
+            progress({"frames": frames, "wall_s": last_report - start, "gossip_s": timing["gossip"],
+                      "returns": returns_since_report})
+            returns_since_report = []
+        if solved:
+            break
+
+    wall = time.perf_counter() - start
+    log.close()
+    envs.close()
+    return {
+        "frames": frames,
+        "wall_seconds": wall,
+        "fps": (frames - start_frames) / max(wall, 1e-9),
+        "mean_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
+        "episodes": episodes,
+        "updates": updates,
+        **{f"{k}_share": v / max(wall, 1e-9) for k, v in timing.items()},
+        **{f"{k}_s": v for k, v in timing.items()},
+    }
+
+
+def pick_device(device: str, rank: int) -> torch.device:
+    """Spread agents over the GPUs round-robin; 'auto' falls back to the CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device(device)
+
+
+class MetricsLog:
+    """metrics.csv plus TensorBoard under the same names, both keyed by frames.
+
+    The CSV header is fixed when the first row is written (or read back on resume), so
+    every row lines up even if gossip later reports a key it did not report at first.
+    """
+
+    def __init__(self, agent_dir: Path, resume: bool, purge_step: int | None):
+        path = agent_dir / "metrics.csv"
+        self.columns: list[str] | None = None
+        if resume and path.exists() and path.stat().st_size > 0:
+            with open(path, newline="") as f:
+                self.columns = next(csv.reader(f))
+        self.file = open(path, "a" if self.columns else "w", newline="")
+        self.csv: csv.DictWriter | None = None
+        if self.columns:
+            self.csv = csv.DictWriter(self.file, self.columns, extrasaction="ignore")
+        self.tb = SummaryWriter(str(agent_dir), purge_step=purge_step)
+
+    def write(self, row: dict, extra_scalars: dict[str, float]) -> None:
+        if self.csv is None:
+            extras = sorted(k for k in row if k not in METRIC_COLUMNS)
+            self.columns = METRIC_COLUMNS + extras
+            self.csv = csv.DictWriter(self.file, self.columns, extrasaction="ignore")
+            self.csv.writeheader()
+        self.csv.writerow({k: ("" if v is None else v) for k, v in row.items()})
+        self.file.flush()
+        step = row["frames"]
+        names = {"episodic_return": "charts/episodic_return", "mean_return_100": "charts/mean_return_100",
+                 "fps": "charts/fps"}
+        for key, value in row.items():
+            if value is not None and (key in names or "/" in key):
+                self.tb.add_scalar(names.get(key, key), value, step)
+        for key, value in extra_scalars.items():
+            self.tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.file.close()
+        self.tb.close()
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Write to a temp file beside ``path``, fsync, then rename over it, so a crash
+    mid-write leaves the previous checkpoint intact rather than a truncated one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"cannot resume: no checkpoint at {path}")
+    return torch.load(path, map_location="cpu", weights_only=True)

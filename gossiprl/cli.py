@@ -1,0 +1,361 @@
+"""The `gossiprl` command: a thin click layer over functions you can also import."""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+
+import topologies
+
+TOPOLOGY_HELP = f"{', '.join(topologies.NAMES)}, or a .npy/.csv file holding a row-stochastic matrix"
+
+
+def load_topology(spec: str, n: int | None, peers: int | None = None, time_varying: bool = False):
+    """--topology NAME|FILE -> Topology, with one-line errors that say what is valid."""
+    try:
+        if spec in topologies.NAMES:
+            if n is None:
+                raise click.BadParameter("needs --agents N", param_hint="--topology")
+            options = {}
+            if peers is not None:
+                options["peers"] = peers
+            if time_varying:
+                options["time_varying"] = True
+            return topologies.make(spec, n, **options)
+        if not Path(spec).is_file():
+            raise click.BadParameter(f"{spec!r} is neither a topology ({TOPOLOGY_HELP}) nor an existing file",
+                                     param_hint="--topology")
+        topo = topologies.from_matrix(spec)
+        if n is not None and topo.n != n:
+            raise click.BadParameter(f"{spec} is {topo.n}x{topo.n} but --agents is {n}", param_hint="--topology")
+        return topo
+    except topologies.TopologyError as err:
+        raise click.BadParameter(str(err), param_hint="--topology") from None
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def main(verbose: int) -> None:
+    """gossiprl: gossip-based distributed deep RL (PALA / GALA) over ZeroMQ."""
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(level=max(level, logging.DEBUG), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+# ------------------------------------------------------------------ broker
+
+@main.command()
+@click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True,
+              help="ZeroMQ endpoint to bind (tcp://HOST:PORT or ipc://PATH).")
+@click.option("--topology", "topology_spec", default="ring", show_default=True, help=TOPOLOGY_HELP)
+@click.option("--agents", "-n", type=click.IntRange(min=1), help="Number of agents (ranks 0..N-1).")
+@click.option("--peers", type=click.IntRange(min=1), help="Out-peers per agent for the sparse topology.")
+@click.option("--time-varying", is_flag=True, help="Sparse topology: one rotating peer per round (GALA/SGP).")
+@click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True,
+              help="sync: PALA turn locks; async: GALA-style, never blocks (but see --max-staleness).")
+@click.option("--max-staleness", type=click.IntRange(min=1), help="async: wait after this many empty rounds.")
+@click.option("--peer-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              help="Seconds of silence before an agent is unregistered.")
+@click.option("--stats-every", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Print broker stats every this many seconds (0: never).")
+def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness, peer_timeout, stats_every):
+    """Run the data proxy (the broker holding the turn locks) in the foreground."""
+    from .broker import Broker
+
+    topo = load_topology(topology_spec, agents, peers, time_varying)
+    try:
+        b = Broker(topo, bind=bind, mode=mode, max_staleness=max_staleness, peer_timeout=peer_timeout)
+    except Exception as err:  # zmq bind errors: address in use, bad endpoint
+        raise click.ClickException(f"cannot bind {bind}: {err}") from None
+    click.echo(f"gossiprl broker on {b.address}: {topo.name} topology, {topo.n} agents, {mode} mode")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    b.start()
+    try:
+        while True:
+            time.sleep(stats_every or 3600)
+            if stats_every:
+                click.echo(json.dumps(b.stats()))
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        b.close()
+        click.echo("broker stopped")
+
+
+# ------------------------------------------------------------------ topology
+
+@main.group()
+def topology():
+    """Inspect mixing matrices."""
+
+
+@topology.command("show")
+@click.argument("spec")
+@click.option("-n", "--agents", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--peers", type=click.IntRange(min=1), help="Out-peers per agent (sparse).")
+@click.option("--time-varying", is_flag=True, help="Sparse: one rotating peer per round.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw the graph to this PNG.")
+def topology_show(spec, agents, peers, time_varying, plot_path):
+    """Print a topology's mixing matrix, peers, and how fast it reaches consensus."""
+    topo = load_topology(spec, None if Path(spec).is_file() else agents, peers, time_varying)
+    click.echo(topo.describe())
+    if plot_path:
+        from .draw import draw_topology
+
+        draw_topology(topo, plot_path)
+        click.echo(f"graph drawn to {plot_path}")
+
+
+# ------------------------------------------------------------------ bench
+
+@main.group()
+def bench():
+    """Benchmarks that print measured figures beside their baselines."""
+
+
+@bench.command("comms")
+@click.option("--agents", default="2,4,8,16", show_default=True,
+              help="Comma-separated ring sizes for the per-round overhead table ('' to skip).")
+@click.option("--params", type=click.IntRange(min=1), default=1_687_719, show_default=True,
+              help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).")
+@click.option("--rounds", type=click.IntRange(min=1), default=30, show_default=True)
+@click.option("--transport", type=click.Choice(["tcp", "ipc"]), default="tcp", show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
+def bench_comms(agents, params, rounds, transport, json_path):
+    """One gossip round: memcpy floor, raw ZeroMQ relay, gossiprl, and the PALA paper's path."""
+    from . import bench_comms as bc
+
+    try:
+        ring = [int(a) for a in agents.split(",") if a.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{agents!r}: give comma-separated integers like 2,4,8", param_hint="--agents")
+    if any(a < 2 for a in ring):
+        raise click.BadParameter("ring sizes must be >= 2", param_hint="--agents")
+    result = bc.run(ring, params, rounds, transport=transport, echo=click.echo)
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2))
+        click.echo(f"figures written to {json_path}")
+
+
+@bench.command("train")
+@click.option("--env", "env_id", default="ALE/Pong-v5", show_default=True)
+@click.option("--agents", "-n", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--num-envs", type=click.IntRange(min=1), default=16, show_default=True, help="Envs per agent.")
+@click.option("--seconds", type=click.FloatRange(min=1), default=60, show_default=True,
+              help="How long the swarm trains (the ceiling is measured for up to 20 s).")
+@click.option("--topology", "topology_spec", default="ring", show_default=True)
+@click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
+@click.option("--codec", type=click.Choice(["raw", "bf16", "fp16"]), default="raw", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
+def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, device, json_path):
+    """Training frames/s of a swarm next to the raw vector env's rate for the same env count."""
+    from . import bench_train as bt
+    from .a2c import A2CConfig
+    from .agent import AgentConfig
+
+    check_env(env_id)
+    cfg = AgentConfig(env_id=env_id, agents=agents, device=device, a2c=A2CConfig(num_envs=num_envs))
+    result = bt.run(env_id, agents, cfg, seconds, topology=topology_spec, mode=mode, codec=codec, echo=click.echo)
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2))
+        click.echo(f"figures written to {json_path}")
+
+
+# ------------------------------------------------------------------ training
+
+def agent_options(fn):
+    """The options that make an AgentConfig: env, budget, and A2C's hyperparameters (paper defaults)."""
+    options = [
+        click.option("--env", "env_id", default="CartPole-v1", show_default=True,
+                     help="A gymnasium id, or an Atari id (ALE/Pong-v5, PongNoFrameskip-v4) run on ale-py's C++ vector env."),
+        click.option("--total-frames", type=click.IntRange(min=1), default=2_000_000, show_default=True,
+                     help="Frames for the whole swarm (split evenly over agents); Atari frames count the 4 skipped frames, as the papers do."),
+        click.option("--seed", type=int, default=1, show_default=True, help="Base seed; agent r uses seed + r."),
+        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                     help="cuda spreads agents round-robin over the visible GPUs."),
+        click.option("--torch-threads", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Threads per agent; 0: cores / agents on this host."),
+        click.option("--num-envs", type=click.IntRange(min=1), default=16, show_default=True, help="Envs per agent."),
+        click.option("--n-steps", type=click.IntRange(min=1), default=5, show_default=True, help="Steps per update (n-step return)."),
+        click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=7e-4, show_default=True, help="RMSProp learning rate."),
+        click.option("--rmsprop-eps", type=click.FloatRange(min=0, min_open=True), default=1e-5, show_default=True),
+        click.option("--rmsprop-alpha", type=click.FloatRange(0, 1), default=0.99, show_default=True),
+        click.option("--entropy-coef", type=click.FloatRange(min=0), default=0.01, show_default=True),
+        click.option("--value-coef", type=click.FloatRange(min=0), default=0.5, show_default=True),
+        click.option("--gamma", type=click.FloatRange(0, 1), default=0.99, show_default=True),
+        click.option("--max-grad-norm", type=click.FloatRange(min=0, min_open=True), default=0.5, show_default=True),
+        click.option("--sticky-actions", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+                     help="Atari repeat_action_probability."),
+        click.option("--gossip-every", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Gossip after every k-th update."),
+        click.option("--log-every", type=click.IntRange(min=1), default=100, show_default=True, help="Updates per metrics row."),
+        click.option("--checkpoint-every", type=click.IntRange(min=1), default=1000, show_default=True,
+                     help="Updates per checkpoint (one is always written at the end)."),
+        click.option("--codec", type=click.Choice(["raw", "bf16", "fp16"]), default="raw", show_default=True,
+                     help="Parameters on the wire: float32, or half the bytes."),
+        click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
+                     help="Where the run writes (default runs/ENV__TOPOLOGY__SEED__TIME)."),
+        click.option("--resume", is_flag=True, help="Continue the run in --run-dir from its checkpoints."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def make_agent_config(kw: dict, agents: int):
+    from .a2c import A2CConfig
+    from .agent import AgentConfig
+
+    a2c = A2CConfig(num_envs=kw["num_envs"], n_steps=kw["n_steps"], lr=kw["lr"], rmsprop_eps=kw["rmsprop_eps"],
+                    rmsprop_alpha=kw["rmsprop_alpha"], entropy_coef=kw["entropy_coef"], value_coef=kw["value_coef"],
+                    gamma=kw["gamma"], max_grad_norm=kw["max_grad_norm"])
+    return AgentConfig(env_id=kw["env_id"], total_frames=max(1, kw["total_frames"] // agents), seed=kw["seed"],
+                       agents=agents, device=kw["device"], torch_threads=kw["torch_threads"],
+                       sticky_actions=kw["sticky_actions"], gossip_every=kw["gossip_every"],
+                       log_every=kw["log_every"], checkpoint_every=kw["checkpoint_every"], a2c=a2c)
+
+
+def check_env(env_id: str):
+    """Fail fast, in the launcher, on an env id no agent could make; return the env's solve threshold."""
+    from .envs import env_spec
+
+    try:
+        return env_spec(env_id)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--env") from None
+
+
+def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
+    name = f"{env_id.replace('/', '-')}__{Path(topology).stem if topology else 'a2c'}__{seed}__{int(time.time())}"
+    return Path("runs") / name
+
+
+@main.command()
+@click.option("--topology", "topology_spec", default=None,
+              help=f"{TOPOLOGY_HELP}. Default: ring with several agents, none (plain A2C) with --agents 1.")
+@click.option("--agents", "-n", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--peers", type=click.IntRange(min=1), help="Out-peers per agent for the sparse topology.")
+@click.option("--time-varying", is_flag=True, help="Sparse topology: one rotating peer per round.")
+@click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True,
+              help="sync: PALA turn locks; async: GALA-style non-blocking.")
+@click.option("--max-staleness", type=click.IntRange(min=1), help="async: wait after this many rounds without a letter.")
+@click.option("--transport", type=click.Choice(["ipc", "tcp"]), default="ipc", show_default=True)
+@click.option("--stop-at-return", default="auto", show_default=True,
+              help="Stop once the last 100 episodes of all agents average this; 'auto': the env's reward threshold, 'none': never.")
+@click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True), help="Stop after this much wall-clock time.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show the progress line.")
+@agent_options
+def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transport, stop_at_return, max_seconds,
+        progress, **kw):
+    """Train a swarm of gossiping A2C agents on this host (broker + one process per agent)."""
+    from . import launch
+
+    threshold = check_env(kw["env_id"])
+    if topology_spec is None and agents > 1:
+        topology_spec = "ring"
+    if topology_spec is not None:
+        load_topology(topology_spec, agents, peers, time_varying)
+    if stop_at_return == "auto":
+        target = threshold
+    elif stop_at_return == "none":
+        target = None
+    else:
+        try:
+            target = float(stop_at_return)
+        except ValueError:
+            raise click.BadParameter(f"{stop_at_return!r}: give a number, 'auto' or 'none'",
+                                     param_hint="--stop-at-return") from None
+    swarm = launch.SwarmConfig(agents=agents, topology=topology_spec, peers=peers, time_varying=time_varying,
+                               mode=mode, max_staleness=max_staleness, codec=kw["codec"], transport=transport,
+                               stop_at_return=target, max_seconds=max_seconds)
+    run_dir = kw["run_dir"] or default_run_dir(kw["env_id"], topology_spec, kw["seed"])
+    cfg = make_agent_config(kw, agents)
+    layout = f"{topology_spec} topology, {mode} mode" if topology_spec else "plain A2C (no gossip)"
+    click.echo(f"{agents} agent(s) on {kw['env_id']}, {layout}; run dir {run_dir}"
+               + (f"; stops at mean return {target}" if target is not None else ""))
+    try:
+        summary = launch.run(swarm, cfg, run_dir, resume=kw["resume"], echo=click.echo, show_progress=progress)
+    except (launch.RunError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"done ({summary['stopped_by']}): {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
+               f"({summary['fps']:,.0f} frames/s), mean return {summary['mean_return']:.1f} over the last "
+               f"{min(100, summary['episodes'])} episodes, {100 * summary['gossip_share']:.1f}% of time in gossip")
+    if summary["failed"]:
+        for rank, why in summary["failed"].items():
+            click.echo(f"agent-{rank} failed: {why}", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--connect", required=True, help="The broker's endpoint, e.g. tcp://HOST:5555.")
+@click.option("--rank", type=click.IntRange(min=0),
+              help="This agent's rank; default from SLURM_PROCID, RANK, OMPI_COMM_WORLD_RANK or PMI_RANK.")
+@click.option("--agents-per-host", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Agents sharing this host's cores (sizes the default torch threads).")
+@agent_options
+def agent(connect, rank, agents_per_host, **kw):
+    """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
+
+    --total-frames is this agent's own budget here."""
+    from . import launch
+
+    check_env(kw["env_id"])
+    try:
+        rank = launch.rank_from_environment(rank)
+    except launch.RunError as err:
+        raise click.UsageError(str(err)) from None
+    cfg = make_agent_config(kw, 1)
+    cfg.agents = agents_per_host
+    run_dir = kw["run_dir"] or Path("runs") / "agents"
+    click.echo(f"agent-{rank} -> broker {connect}; run dir {run_dir}")
+    try:
+        summary = launch.run_agent(connect, rank, cfg, run_dir, resume=kw["resume"], codec=kw["codec"])
+    except (launch.RunError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))
+
+
+@main.command("eval")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--episodes", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--greedy", is_flag=True, help="argmax actions instead of sampling from the policy.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def eval_cmd(run_dir, episodes, greedy, device, as_json):
+    """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
+    from .evaluate import evaluate
+
+    try:
+        result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device)
+    except FileNotFoundError as err:
+        raise click.ClickException(str(err)) from None
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for rank, r in sorted(result["agents"].items()):
+        click.echo(f"agent-{rank}: {r['mean']:.1f} +- {r['std']:.1f} over {len(r['returns'])} episodes")
+    o = result["overall"]
+    click.echo(f"overall: {o['mean']:.1f} +- {o['std']:.1f} over {o['episodes']} episodes")
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", default="curves.png", show_default=True, type=click.Path(dir_okay=False))
+def plot(run_dirs, output):
+    """Draw return vs frames and vs wall-clock time, one line per run."""
+    from .draw import plot_runs
+
+    try:
+        plot_runs(run_dirs, output)
+    except FileNotFoundError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"curves drawn to {output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""One vector-env interface over two backends: ALE's native AtariVectorEnv and gymnasium.
+
+The learner only ever sees ``reset() -> obs`` and ``step(actions) -> (obs, reward, done)``
+with same-step autoreset, so the obs returned with ``done`` is already the next episode's
+first frame and no transition crosses an episode boundary. Episode scores are summed here
+from the raw rewards, so they are the real game scores whether or not the loss clips.
+"""
+from __future__ import annotations
+
+import re
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+from ale_py.vector_env import AtariVectorEnv
+from gymnasium.vector import AutoresetMode
+
+gym.register_envs(ale_py)
+
+ATARI_FRAMESKIP = 4
+"""Emulator frames per agent step; the papers count Atari frames as agent steps x 4."""
+
+
+def is_atari(env_id: str) -> bool:
+    return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
+
+
+def atari_game(env_id: str) -> str:
+    """ALE ROM name for an id: ``ALE/MsPacman-v5`` and ``MsPacmanNoFrameskip-v4`` -> ``ms_pacman``."""
+    name = env_id.removeprefix("ALE/").split("-v")[0].removesuffix("NoFrameskip")
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _unknown(env_id: str) -> ValueError:
+    return ValueError(
+        f"unknown env id {env_id!r}: use a gymnasium registry id (e.g. 'CartPole-v1', 'Acrobot-v1') "
+        f"or an Atari id (e.g. 'ALE/Pong-v5', 'BreakoutNoFrameskip-v4')"
+    )
+
+
+def env_spec(env_id: str) -> float | None:
+    """Check that ``env_id`` can be made, without making it; return its solve threshold.
+
+    The threshold is gymnasium's ``reward_threshold`` (475 for CartPole-v1); Atari games have
+    none, so a run on them stops at its frame budget unless told otherwise.
+    """
+    if is_atari(env_id):
+        if atari_game(env_id) not in ale_py.roms.get_all_rom_ids():
+            raise _unknown(env_id)
+        return None
+    spec = gym.registry.get(env_id)
+    if spec is None:
+        raise _unknown(env_id)
+    if str(spec.entry_point).startswith("ale_py"):
+        raise ValueError(f"{env_id!r} is ALE without the DeepMind preprocessing; "
+                         f"use 'ALE/<Game>-v5' or '<Game>NoFrameskip-v4'")
+    return spec.reward_threshold
+
+
+class VecEnv:
+    """A gymnasium VectorEnv in same-step autoreset mode, plus episode bookkeeping."""
+
+    def __init__(self, env: gym.vector.VectorEnv, frames_per_step: int, seed: int):
+        self.env = env
+        self.num_envs = env.num_envs
+        self.observation_space = env.single_observation_space
+        self.action_space = env.single_action_space
+        self.frames_per_step = frames_per_step
+        """Frames counted per env per step (4 on Atari, see ATARI_FRAMESKIP)."""
+        self._seed = seed
+        self._returns = np.zeros(self.num_envs, dtype=np.float64)
+        self._lengths = np.zeros(self.num_envs, dtype=np.int64)
+        self._finished: list[tuple[float, int]] = []
+
+    def reset(self) -> np.ndarray:
+        """Reset all envs; the first reset takes the seed, later ones continue the seeded RNGs."""
+        obs, _ = self.env.reset(seed=self._seed)
+        self._seed = None
+        self._returns[:] = 0
+        self._lengths[:] = 0
+        return obs
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """obs, reward, done, and the envs cut by a time limit as (indices, their final obs).
+
+        A time limit is not a terminal state: the learner must bootstrap those episodes
+        from V(final obs) instead of cutting the return to zero. Treating CartPole's
+        500-step limit as a failure teaches the critic that standing up for long is bad,
+        and the policy collapses just as it gets good.
+        """
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        done = terminated | truncated
+        cut = np.flatnonzero(truncated & ~terminated)
+        final_obs = np.stack([info["final_obs"][i] for i in cut]) if len(cut) else obs[:0]
+        self._returns += reward
+        self._lengths += 1
+        if done.any():
+            for i in np.flatnonzero(done):
+                self._finished.append((float(self._returns[i]), int(self._lengths[i])))
+            self._returns[done] = 0
+            self._lengths[done] = 0
+        return obs, reward, done, (cut, final_obs)
+
+    def pop_episodes(self) -> list[tuple[float, int]]:
+        """(return, length in agent steps) of every episode finished since the last call."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def make_env(env_id: str, num_envs: int, seed: int, *, sticky_actions: float = 0.0,
+             num_threads: int = 0) -> VecEnv:
+    """Build ``num_envs`` copies of ``env_id``; env i is seeded with ``seed + i``.
+
+    Atari follows the DeepMind protocol the papers use (30 no-op starts, frameskip 4 with
+    max-pooling, 84x84 grayscale, 4-frame stack, full episodes) but leaves rewards unclipped:
+    the A2C loss clips, and the logged scores stay real. ``sticky_actions`` is ALE's
+    repeat_action_probability (0 as in the papers, 0.25 for the v5 protocol). ``num_threads``
+    bounds ALE's worker threads so several agents on one host do not oversubscribe the cores.
+    """
+    env_spec(env_id)
+    if is_atari(env_id):
+        env = AtariVectorEnv(
+            atari_game(env_id), num_envs, num_threads=num_threads, repeat_action_probability=sticky_actions,
+            autoreset_mode=AutoresetMode.SAME_STEP, img_height=84, img_width=84, grayscale=True,
+            stack_num=4, frameskip=ATARI_FRAMESKIP, maxpool=True, noop_max=30,
+            episodic_life=False, reward_clipping=False,
+        )
+        return VecEnv(env, ATARI_FRAMESKIP, seed)
+    if sticky_actions:
+        raise ValueError(f"sticky_actions applies to Atari only, not {env_id!r}")
+    try:
+        env = gym.make_vec(env_id, num_envs, vectorization_mode="sync",
+                           vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    except gym.error.Error as e:
+        raise _unknown(env_id) from e
+    return VecEnv(env, 1, seed)

@@ -1,0 +1,78 @@
+"""The `gossiprl` command as a user meets it: clear one-line errors, and real short runs."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from gossiprl.cli import main
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
+    result = invoke("topology", "show", "sparse", "-n", "8", "--plot", tmp_path / "g.png")
+    assert result.exit_code == 0, result.output
+    assert "slem" in result.output and "spectral gap" in result.output
+    assert (tmp_path / "g.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("args,words", [
+    (["topology", "show", "star"], "neither a topology"),
+    (["run", "--agents", "0"], "0 is not in the range"),
+    (["run", "--env", "NoSuchEnv-v9"], "NoSuchEnv-v9"),
+    (["run", "--topology", "mesh"], "ring, sparse, full"),
+    (["run", "--mode", "eventual"], "sync"),
+    (["run", "--stop-at-return", "high"], "'auto' or 'none'"),
+    (["broker", "--agents", "4", "--topology", "sparse", "--peers", "9"], "peers"),
+])
+def test_bad_input_gets_one_clear_error(args, words):
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert words in result.output
+
+
+def test_matrix_file_that_is_not_row_stochastic_is_refused(tmp_path):
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.array([[0.5, 0.4], [0.5, 0.5]]))
+    result = invoke("run", "--agents", "2", "--topology", bad, "--run-dir", tmp_path / "r")
+    assert result.exit_code == 2 and "row 0" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_run_dir_holding_another_run_is_not_overwritten(tmp_path):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text('{"theirs": 1}')
+    result = invoke("run", "--agents", "2", "--run-dir", run_dir, "--no-progress")
+    assert result.exit_code == 1 and "already holds a run" in result.output
+    assert (run_dir / "config.json").read_text() == '{"theirs": 1}'
+
+
+def test_resume_without_a_run_says_so(tmp_path):
+    result = invoke("run", "--agents", "2", "--run-dir", tmp_path / "none", "--resume", "--no-progress")
+    assert result.exit_code == 1 and "holds no run" in result.output
+
+
+@pytest.mark.timeout(180)
+def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    result = invoke("run", "--agents", "2", "--topology", "ring", "--total-frames", 16000, "--log-every", 20,
+                    "--run-dir", run_dir, "--no-progress", "--stop-at-return", "none")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["agents"] == 2 and summary["frames"] >= 16000
+    assert summary["fps"] > 0 and summary["episodes"] > 0
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["swarm"]["topology"] == "ring" and config["agent"]["env_id"] == "CartPole-v1"
+    for rank in (0, 1):
+        agent_dir = run_dir / f"agent-{rank}"
+        header = (agent_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+        assert "gossip/consensus_distance" in header and "mean_return_100" in header
+        assert (agent_dir / "checkpoint.pt").stat().st_size > 0
+        assert any(p.name.startswith("events.out.tfevents") for p in agent_dir.iterdir())
+    result = invoke("eval", run_dir, "--episodes", 3, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["overall"]["episodes"] == 6
