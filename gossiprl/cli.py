@@ -278,10 +278,14 @@ def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transpo
     layout = f"{topology_spec} topology, {mode} mode" if topology_spec else "plain A2C (no gossip)"
     click.echo(f"{agents} agent(s) on {kw['env_id']}, {layout}; run dir {run_dir}"
                + (f"; stops at mean return {target}" if target is not None else ""))
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill gets the same clean stop as Ctrl-C
     try:
         summary = launch.run(swarm, cfg, run_dir, resume=kw["resume"], echo=click.echo, show_progress=progress)
     except (launch.RunError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
+    if summary["solved_at"]:
+        at = summary["solved_at"]
+        click.echo(f"solved after {at['frames']:,} frames and {at['wall_seconds']:.1f}s")
     click.echo(f"done ({summary['stopped_by']}): {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
                f"({summary['fps']:,.0f} frames/s), mean return {summary['mean_return']:.1f} over the last "
                f"{min(100, summary['episodes'])} episodes, {100 * summary['gossip_share']:.1f}% of time in gossip")
@@ -289,6 +293,12 @@ def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transpo
         for rank, why in summary["failed"].items():
             click.echo(f"agent-{rank} failed: {why}", err=True)
         sys.exit(1)
+    if summary["stopped_by"] == "interrupted":
+        sys.exit(130)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 @main.command()

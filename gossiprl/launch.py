@@ -16,6 +16,7 @@ import os
 import queue
 import signal
 import tempfile
+import threading
 import time
 import traceback
 from collections import deque
@@ -31,6 +32,11 @@ from .gossip import Gossip
 log = logging.getLogger("gossiprl.launch")
 
 RANK_VARIABLES = ("SLURM_PROCID", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+LOCAL_HEARTBEAT_S = 0.25
+"""Heartbeat of agents that share a host with their broker. At the end of a run the launcher
+closes the broker, and an agent parked on a turn lock notices after 3 silent heartbeats;
+pings are cheap on one host, so they come often and the swarm stops within a second."""
 
 
 class RunError(RuntimeError):
@@ -125,10 +131,13 @@ def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout,
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; Ctrl-C reaches it
     from .agent import train
 
+    threading.Thread(target=_stop_when_orphaned, args=(stop,), name="orphan-watch", daemon=True).start()
+
     gossip = None
     try:
         if address is not None:
-            client = GossipClient(address, rank, n=n, timeout=gossip_timeout, codec=codec)
+            client = GossipClient(address, rank, n=n, timeout=gossip_timeout, codec=codec,
+                                  heartbeat=LOCAL_HEARTBEAT_S)
             gossip = Gossip(client)
         summary = train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
                         progress=lambda report: reports.put(("progress", rank, report)))
@@ -139,6 +148,12 @@ def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout,
     finally:
         if gossip is not None:
             gossip.close()
+
+
+def _stop_when_orphaned(stop) -> None:
+    """If the launcher dies without a word (kill -9), stop after this update, checkpoint and exit."""
+    mp.parent_process().join()
+    stop.set()
 
 
 def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo=print,
@@ -163,6 +178,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     summaries: dict[int, dict] = {}
     failures: dict[int, str] = {}
     stopped_by = "total frames"
+    solved_at = None
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gossiprl-") as tmp:
         if topo is not None:
@@ -199,6 +215,8 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                     if (swarm.stop_at_return is not None and len(progress.returns) == 100
                             and progress.mean_return >= swarm.stop_at_return and not stop.is_set()):
                         stopped_by = f"solved: mean return {progress.mean_return:.1f} >= {swarm.stop_at_return}"
+                        solved_at = {"frames": progress.total_frames, "wall_seconds": time.perf_counter() - start,
+                                     "mean_return": progress.mean_return}
                         stop.set()
                 elif kind == "done":
                     summaries[rank] = payload
@@ -236,6 +254,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
         "episodes": progress.episodes,
         "agents": swarm.agents,
         "stopped_by": stopped_by,
+        "solved_at": solved_at,
         "gossip_share": progress.gossip_share,
         "per_agent": {rank: summaries[rank] for rank in sorted(summaries)},
         "failed": {rank: failures[rank].strip().splitlines()[-1] for rank in sorted(failures)},

@@ -1,5 +1,10 @@
 """The `gossiprl` command as a user meets it: clear one-line errors, and real short runs."""
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,3 +81,66 @@ def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(tmp_path):
     result = invoke("eval", run_dir, "--episodes", 3, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["overall"]["episodes"] == 6
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
+    """Ctrl-C or a scheduler's SIGTERM: agents stop, checkpoint, and no process is left behind."""
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--total-frames", "100000000",
+         "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline and launcher.poll() is None, "agents never started training"
+        time.sleep(0.2)
+    children = _children(launcher.pid)
+    assert len(children) >= 2
+    launcher.send_signal(sig)
+    output, _ = launcher.communicate(timeout=90)
+    assert launcher.returncode == 130, output
+    assert "interrupted" in output
+    grace = time.monotonic() + 5  # multiprocessing's resource tracker leaves just after its parent
+    while [pid for pid in children if _alive(pid)] and time.monotonic() < grace:
+        time.sleep(0.1)
+    assert not [pid for pid in children if _alive(pid)], "agent processes outlived the launcher"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_by"] == "interrupted" and summary["frames"] > 0
+    for rank in (0, 1):
+        assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
+        assert not (run_dir / f"agent-{rank}" / "checkpoint.pt.tmp").exists()
+
+
+def _children(pid):
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _alive(pid):
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@pytest.mark.timeout(120)
+def test_agents_stop_by_themselves_when_the_launcher_is_killed(tmp_path):
+    """kill -9 on the launcher leaves no orphans: each agent checkpoints and exits."""
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--total-frames", "100000000",
+         "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline and launcher.poll() is None, "agents never started training"
+        time.sleep(0.2)
+    children = _children(launcher.pid)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 30
+    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in children if _alive(pid)], "agent processes outlived a killed launcher"
+    for rank in (0, 1):
+        assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
