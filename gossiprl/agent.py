@@ -60,6 +60,10 @@ class GossipHook(Protocol):
         """Publish flat_params, mix the in-peers' parameters into it in place, return stats
         such as 'gossip/wait_s', 'gossip/mix_s', 'gossip/round', 'gossip/consensus_distance'."""
 
+    def adopt(self, flat_params: torch.Tensor) -> int:
+        """Overwrite flat_params with the in-peers' mean (an agent rejoining with no checkpoint);
+        return how many peers it came from."""
+
 
 METRIC_COLUMNS = [
     "frames", "wall_s", "updates", "episodic_return", "mean_return_100", "fps",
@@ -88,7 +92,9 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
     agent_dir = Path(run_dir) / f"agent-{rank}"
     agent_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_path = agent_dir / "checkpoint.pt"
-    checkpoint = load_checkpoint(checkpoint_path) if resume else None
+    checkpoint = None
+    if resume and (checkpoint_path.exists() or gossip is None):
+        checkpoint = load_checkpoint(checkpoint_path)
     counters = checkpoint["counters"] if checkpoint else {"updates": 0, "frames": 0, "episodes": 0, "wall_s": 0.0}
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=100)
     (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2))
@@ -112,6 +118,11 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
     if checkpoint:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
+    elif resume:  # rejoining a running swarm with no checkpoint of our own: start from the neighbours'
+        adopted = gossip.adopt(flat_params)
+        print(f"agent-{rank}: no checkpoint in {agent_dir}; "
+              + (f"starting from the mean of {adopted} neighbour(s)' parameters" if adopted
+                 else "no neighbour's parameters came either, starting fresh"), flush=True)
 
     first_obs = torch.from_numpy(envs.reset())
     rollout = Rollout(a2c.n_steps, a2c.num_envs, first_obs.shape[1:], first_obs.dtype, device)

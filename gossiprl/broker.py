@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
 import zmq
 
-from . import wire
+from . import keys, wire
 
 log = logging.getLogger("gossiprl.broker")
 
@@ -72,6 +73,9 @@ class Agent:
     collect_wait_s: float = 0.0
     waited_on: dict[int, float] = field(default_factory=dict)
     registrations: int = 0
+    gone: bool = False
+    """Left (BYE), silent past peer_timeout, or declared dead: the survivors are rewired around it
+    until it registers again. A rank that never registered is not gone: it is waited for."""
 
 
 class Broker:
@@ -79,12 +83,16 @@ class Broker:
 
     ``Broker(topology).start()`` serves in a background thread; ``serve_forever()`` in the
     calling one. ``address`` is the bound endpoint with the port resolved, ready for clients.
+
+    ``curve=(secret_file, allow_dir)`` makes the socket a CurveZMQ server that admits only the
+    agents whose public keys are in ``allow_dir`` (see gossiprl.keys). A bind that is not
+    loopback needs ``curve`` or an explicit ``insecure=True``.
     """
 
     def __init__(self, topology, bind: str = "tcp://127.0.0.1:0", *, mode: str = "sync",
                  max_staleness: int | None = None, peer_timeout: float = 60.0,
                  max_payload_bytes: int = wire.DEFAULT_MAX_PAYLOAD_BYTES,
-                 context: zmq.Context | None = None):
+                 context: zmq.Context | None = None, curve=None, insecure: bool = False):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
         if max_staleness is not None and max_staleness < 1:
@@ -94,18 +102,36 @@ class Broker:
         self.max_staleness = max_staleness
         self.peer_timeout = peer_timeout
         self.max_payload_bytes = max_payload_bytes
-        self._ctx = context or zmq.Context.instance()
+        keys.check_bind(bind, curve is not None, insecure)
+        self._curve = keys.CurveServer(*curve, context=context) if curve is not None else None
+        self._ctx = self._curve.context if self._curve else (context or zmq.Context.instance())
         self._sock = self._ctx.socket(zmq.ROUTER)
+        if self._curve is not None:
+            self._curve.apply(self._sock)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_payload_bytes + wire.MAX_HEADER_BYTES)
-        self._sock.bind(bind.replace(":0", ":*") if bind.startswith("tcp://") and bind.endswith(":0") else bind)
+        try:
+            self._sock.bind(bind.replace(":0", ":*") if bind.startswith("tcp://") and bind.endswith(":0") else bind)
+        except BaseException:
+            self._sock.close(linger=0)
+            if self._curve is not None:
+                self._curve.close()
+            raise
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._stop_addr = f"inproc://gossiprl-broker-stop-{id(self)}"
+        self._stop_addr = f"inproc://gossiprl-broker-stop-{uuid.uuid4().hex}"  # id(self) is reused
         self._stop_rx = self._ctx.socket(zmq.PAIR)
         self._stop_rx.bind(self._stop_addr)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._control_addr = f"inproc://gossiprl-broker-control-{uuid.uuid4().hex}"
+        self._control = self._ctx.socket(zmq.PULL)
+        self._control.bind(self._control_addr)
+        self._bypassed: dict[frozenset, object] = {frozenset(): topology}
+        self._rewire_pending = False
+        self._gone: set[int] = set()
+        """Ranks of the agents that are gone (Agent.gone), kept apart for the lock logic's fast path."""
+        """Topology.without(gone) for each set of gone agents met so far."""
         self._agents = {r: Agent(r) for r in range(topology.n)}
         self._by_identity: dict[bytes, Agent] = {}
         self._mailbox: dict[tuple[int, int], Letter] = {}
@@ -116,6 +142,8 @@ class Broker:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> "Broker":
+        if self._thread is not None or self._closed:
+            raise RuntimeError("a Broker serves once: start() was already called, or it is closed")
         self._thread = threading.Thread(target=self.serve_forever, name="gossiprl-broker", daemon=True)
         self._thread.start()
         return self
@@ -134,6 +162,9 @@ class Broker:
         else:
             self._sock.close(linger=0)
             self._stop_rx.close(linger=0)
+            self._control.close(linger=0)
+        if self._curve is not None:
+            self._curve.close()
 
     def __enter__(self):
         return self
@@ -145,11 +176,14 @@ class Broker:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._stop_rx, zmq.POLLIN)
+        poller.register(self._control, zmq.POLLIN)
         try:
             while True:
                 events = dict(poller.poll(timeout=self._poll_timeout_ms()))
                 if self._stop_rx in events:
                     return
+                if self._control in events:
+                    self._declared_gone(int(self._control.recv_string()))
                 if self._sock in events:
                     for _ in range(256):  # drain a burst, but keep expiring peers under load
                         try:
@@ -161,6 +195,19 @@ class Broker:
         finally:
             self._sock.close(linger=0)
             self._stop_rx.close(linger=0)
+            self._control.close(linger=0)
+
+    def declare_gone(self, rank: int) -> None:
+        """Treat ``rank`` as dead now (its process crashed, say), without waiting for peer_timeout.
+
+        Safe from any thread: the request travels to the broker's thread over an inproc socket.
+        """
+        if not 0 <= rank < self.topology.n:
+            raise ValueError(f"rank {rank} out of range; this swarm has ranks 0..{self.topology.n - 1}")
+        push = self._ctx.socket(zmq.PUSH)
+        push.connect(self._control_addr)
+        push.send_string(str(rank))
+        push.close(linger=1000)
 
     def _poll_timeout_ms(self) -> int:
         return int(max(0.05, min(1.0, self.peer_timeout / 4)) * 1000)
@@ -188,6 +235,7 @@ class Broker:
             handler(agent, msg)
         except wire.WireError as err:
             self._count(err.code)
+            seq = seq if seq is not None else err.seq
             self._reply(identity, wire.ERROR, {"seq": seq, "code": err.code, "reason": str(err)})
         except Exception:  # a bug here must not take the whole swarm down
             log.exception("broker: internal error while handling a message")
@@ -195,8 +243,11 @@ class Broker:
             self._reply(identity, wire.ERROR, {"seq": seq, "code": "internal", "reason": "internal broker error"})
 
     def _reply(self, identity: bytes, cmd: str, fields: dict, frames=()) -> bool:
+        """Send without blocking: a peer that never reads its replies fills its queue (SNDHWM), and
+        a blocking send would then freeze the broker for everyone. Its replies are dropped instead."""
         try:
-            self._sock.send_multipart([identity, *wire.encode(cmd, fields, frames)], copy=False)
+            self._sock.send_multipart([identity, *wire.encode(cmd, fields, frames)], flags=zmq.NOBLOCK,
+                                      copy=False)
             return True
         except zmq.ZMQError:  # the peer went away (ROUTER_MANDATORY) or its queue is full
             self._count("undeliverable")
@@ -222,7 +273,7 @@ class Broker:
         agent = self._agents[rank]
         now = time.monotonic()
         if (agent.identity not in (None, identity)
-                and now - agent.last_seen < self.peer_timeout and not msg.get("takeover", False)):
+                and now - agent.last_seen < self.peer_timeout and msg.get("takeover") is not True):
             raise wire.WireError(f"rank {rank} is already registered by a live agent", "rank-taken")
         if agent.identity is not None:
             self._by_identity.pop(agent.identity, None)
@@ -235,26 +286,89 @@ class Broker:
             "mode": self.mode, "max_staleness": self.max_staleness, "peer_timeout": self.peer_timeout,
             "topology": self.topology.to_dict(),
         })
+        if agent.gone:
+            log.warning("broker: agent %d is back; rewiring the topology to include it", rank)
+            agent.gone = False
+            self._gone.discard(rank)
+            self._rewire()
 
     def _on_bye(self, agent: Agent, msg: wire.Message) -> None:
-        self._forget(agent)
+        self._leave(agent, "said BYE", logging.INFO)
 
     def _on_ping(self, agent: Agent, msg: wire.Message) -> None:
         self._reply(agent.identity, wire.PONG, {"seq": msg.get("seq")})
 
-    def _forget(self, agent: Agent) -> None:
-        """Unbind a rank from its socket identity; its mailboxes keep their letters."""
+    def _leave(self, agent: Agent, why: str, level: int = logging.WARNING) -> None:
+        """Unbind a rank from its socket, mark it gone and rewire the survivors around it."""
+        log.log(level, "broker: agent %d %s; rewiring the topology around it", agent.rank, why)
         self._by_identity.pop(agent.identity, None)
         agent.identity = None
         agent.publish = agent.collect = None
+        agent.gone = True
+        self._gone.add(agent.rank)
+        self._rewire()
+
+    def _declared_gone(self, rank: int) -> None:
+        agent = self._agents[rank]
+        if not agent.gone:
+            self._count("declared-gone")
+            self._leave(agent, "was declared gone")
 
     def _expire_silent_agents(self) -> None:
         deadline = time.monotonic() - self.peer_timeout
         for agent in list(self._by_identity.values()):
             if agent.last_seen < deadline:
-                log.warning("broker: agent %d silent for %.1fs, unregistered", agent.rank, self.peer_timeout)
                 self._count("expired")
-                self._forget(agent)
+                self._leave(agent, f"was silent for {self.peer_timeout:g}s")
+
+    # ------------------------------------------------------------ the topology in force
+
+    def _row(self, i: int):
+        """The topology agent i mixes by now: the broker's, with the gone agents bypassed.
+
+        A gone agent's last letter still counts: while it waits unread in slot (d, i), d stays
+        in i's row, so a swarm whose agents finish one by one mixes exactly as the matrix says
+        to the last round. Only once i has read it is d bypassed in i's row.
+        """
+        if not self._gone:
+            return self.topology
+        gone = frozenset(d for d in self._gone if (d, i) not in self._mailbox)
+        if gone not in self._bypassed:
+            self._bypassed[gone] = self.topology.without(gone)
+        return self._bypassed[gone]
+
+    def _in_peers(self, i: int, round: int) -> set[int]:
+        return set(self._row(i).in_peers(i, round))
+
+    def _out_peers(self, j: int, round: int) -> set[int]:
+        if not self._gone:
+            return set(self.topology.out_peers(j, round))
+        return {i for i in range(self.topology.n) if i != j and j in self._in_peers(i, round)}
+
+    def _rewire(self) -> None:
+        """Re-judge every slot and parked request after an agent left or came back.
+
+        Letters in slots that are no longer edges (to a gone agent, or a bypass edge made
+        obsolete by a return) are dropped: no one would ever read them, and a writer must
+        not wait on them. Parked requests get their peer sets recomputed, so a COLLECT that
+        waited on a dead in-peer now waits on the in-peers that replace it.
+        """
+        period = self.topology.period
+        stale = [(j, i) for (j, i) in self._mailbox
+                 if not any(j in self._in_peers(i, r) for r in range(period))]
+        for key in stale:
+            del self._mailbox[key]
+            self._count("letters-dropped-by-rewiring")
+        work = []
+        for agent in self._agents.values():
+            if agent.publish is not None:
+                p = agent.publish
+                p.waiting_on = self._out_peers(agent.rank, p.round) - set(p.written)
+                work.append(("publish", agent))
+            if agent.collect is not None:
+                agent.collect.waiting_on = self._in_peers(agent.rank, agent.collect.round)
+                work.append(("collect", agent))
+        self._settle(*work)
 
     # ------------------------------------------------------------ turn locks
 
@@ -270,29 +384,32 @@ class Broker:
         agent.round = msg["round"]
         agent.publishes += 1
         agent.bytes_in += nbytes
-        out_peers = set(self.topology.out_peers(agent.rank, round=msg["round"]))
+        out_peers = self._out_peers(agent.rank, msg["round"])
         agent.publish = Parked(msg["seq"], msg["round"], time.monotonic(), out_peers, letter)
         self._settle(("publish", agent))
 
     def _on_collect(self, agent: Agent, msg: wire.Message) -> None:
-        in_peers = set(self.topology.in_peers(agent.rank, round=msg["round"]))
+        in_peers = self._in_peers(agent.rank, msg["round"])
         agent.collect = Parked(msg["seq"], msg["round"], time.monotonic(), in_peers)
         self._settle(("collect", agent))
 
-    def _settle(self, first: tuple[str, Agent]) -> None:
+    def _settle(self, *first: tuple[str, Agent]) -> None:
         """Re-examine parked requests until nothing more can move.
 
         Answering one request changes slots another may wait on (a COLLECT empties slots
         that writers wait for; a PUBLISH fills slots that readers wait for), so the
         requests touched are queued here rather than advanced recursively.
         """
-        work = deque([first])
+        work = deque(first)
         while work:
             kind, agent = work.popleft()
             if kind == "publish" and agent.publish is not None:
                 work.extend(("collect", r) for r in self._advance_publish(agent))
             elif kind == "collect" and agent.collect is not None:
                 work.extend(("publish", w) for w in self._advance_collect(agent))
+        if self._rewire_pending:
+            self._rewire_pending = False
+            self._rewire()
 
     def _advance_publish(self, agent: Agent) -> list[Agent]:
         """Write the parked letter into every out-edge whose slot is empty; ACK once none is left.
@@ -335,6 +452,7 @@ class Broker:
                 agent.stale.get(j, 0) + 1 >= self.max_staleness for j in parked.waiting_on - full):
             return []
         now = time.monotonic()
+        weights = [[j, w] for j, w in self._row(agent.rank).weights(agent.rank, parked.round).items()]
         header, frames, released = [], [], []
         for j in sorted(parked.waiting_on):
             letter = self._mailbox.pop((j, agent.rank), None)
@@ -347,11 +465,12 @@ class Broker:
             frames.extend(letter.frames)
             agent.bytes_out += letter.nbytes
             released.append(self._agents[j])
+            self._rewire_pending |= self._agents[j].gone  # a gone agent's last letter read: bypass it now
         agent.collect = None
         agent.collects += 1
         agent.collect_wait_s += now - parked.since
-        self._reply(agent.identity, wire.DELIVER, {"seq": parked.seq, "round": parked.round, "messages": header},
-                    frames)
+        self._reply(agent.identity, wire.DELIVER, {"seq": parked.seq, "round": parked.round, "messages": header,
+                                                   "weights": weights}, frames)
         return released
 
     # ------------------------------------------------------------ introspection
@@ -365,7 +484,7 @@ class Broker:
                 "collects": a.collects, "bytes_in": a.bytes_in, "bytes_out": a.bytes_out,
                 "publish_wait_s": round(a.publish_wait_s, 6), "collect_wait_s": round(a.collect_wait_s, 6),
                 "waited_on": {j: round(s, 6) for j, s in dict(a.waited_on).items()},
-                "registrations": a.registrations,
+                "registrations": a.registrations, "gone": a.gone,
                 "parked": [k for k in ("publish", "collect") if getattr(a, k) is not None],
             }
         return {"mode": self.mode, "address": self.address, "n": self.topology.n,

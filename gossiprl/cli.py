@@ -5,6 +5,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,16 +63,30 @@ def main(verbose: int) -> None:
               help="Seconds of silence before an agent is unregistered.")
 @click.option("--stats-every", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Print broker stats every this many seconds (0: never).")
-def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness, peer_timeout, stats_every):
+@click.option("--curve-secret", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The broker's CURVE secret key (broker.key_secret from `gossiprl keys generate`).")
+@click.option("--curve-allow", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Directory of the agents' public keys (*.key) the broker admits.")
+@click.option("--insecure", is_flag=True,
+              help="Bind a non-loopback address without CURVE keys (only on a network you trust).")
+def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness, peer_timeout, stats_every,
+           curve_secret, curve_allow, insecure):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
     from .broker import Broker
 
     topo = load_topology(topology_spec, agents, peers, time_varying)
+    if (curve_secret is None) != (curve_allow is None):
+        raise click.UsageError("--curve-secret and --curve-allow go together (the broker's key and the agents' keys)")
+    curve = (curve_secret, curve_allow) if curve_secret is not None else None
     try:
-        b = Broker(topo, bind=bind, mode=mode, max_staleness=max_staleness, peer_timeout=peer_timeout)
+        b = Broker(topo, bind=bind, mode=mode, max_staleness=max_staleness, peer_timeout=peer_timeout,
+                   curve=curve, insecure=insecure)
+    except (ValueError, OSError) as err:  # a non-loopback bind without keys; a missing or malformed key
+        raise click.ClickException(str(err)) from None
     except Exception as err:  # zmq bind errors: address in use, bad endpoint
         raise click.ClickException(f"cannot bind {bind}: {err}") from None
-    click.echo(f"gossiprl broker on {b.address}: {topo.name} topology, {topo.n} agents, {mode} mode")
+    click.echo(f"gossiprl broker on {b.address}: {topo.name} topology, {topo.n} agents, {mode} mode"
+               + (", CURVE keys required" if curve else ""))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     b.start()
     try:
@@ -84,6 +99,31 @@ def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness
     finally:
         b.close()
         click.echo("broker stopped")
+
+
+# ------------------------------------------------------------------ keys
+
+@main.group()
+def keys():
+    """CurveZMQ keys that let only your agents talk to your broker."""
+
+
+@keys.command("generate")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--name", "names", multiple=True, default=("broker", "agent"), show_default=True,
+              help="Key pair to make, NAME.key (public) and NAME.key_secret (mode 0600); repeat for several.")
+def keys_generate(directory, names):
+    """Make CURVE key pairs in DIRECTORY (created with mode 0700; existing keys are never overwritten)."""
+    from . import keys as keyfiles
+
+    for name in names:
+        try:
+            public, secret = keyfiles.generate(directory, name)
+        except (ValueError, OSError) as err:
+            raise click.ClickException(str(err)) from None
+        click.echo(f"{name}: public {public}, secret {secret}")
+    click.echo("broker: --curve-secret BROKER.key_secret --curve-allow DIR_OF_AGENT_PUBLIC_KEYS; "
+               "agents: --curve-secret AGENT.key_secret --curve-broker BROKER.key")
 
 
 # ------------------------------------------------------------------ topology
@@ -249,9 +289,11 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
               help="Stop once the last 100 episodes of all agents average this; 'auto': the env's reward threshold, 'none': never.")
 @click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True), help="Stop after this much wall-clock time.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show the progress line.")
+@click.option("--fail-fast", is_flag=True,
+              help="Stop every agent when one crashes (default: the others carry on, rewired around it).")
 @agent_options
 def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transport, stop_at_return, max_seconds,
-        progress, **kw):
+        progress, fail_fast, **kw):
     """Train a swarm of gossiping A2C agents on this host (broker + one process per agent)."""
     from . import launch
 
@@ -272,7 +314,7 @@ def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transpo
                                      param_hint="--stop-at-return") from None
     swarm = launch.SwarmConfig(agents=agents, topology=topology_spec, peers=peers, time_varying=time_varying,
                                mode=mode, max_staleness=max_staleness, codec=kw["codec"], transport=transport,
-                               stop_at_return=target, max_seconds=max_seconds)
+                               stop_at_return=target, max_seconds=max_seconds, fail_fast=fail_fast)
     run_dir = kw["run_dir"] or default_run_dir(kw["env_id"], topology_spec, kw["seed"])
     cfg = make_agent_config(kw, agents)
     layout = f"{topology_spec} topology, {mode} mode" if topology_spec else "plain A2C (no gossip)"
@@ -307,13 +349,26 @@ def _interrupt(signum, frame):
               help="This agent's rank; default from SLURM_PROCID, RANK, OMPI_COMM_WORLD_RANK or PMI_RANK.")
 @click.option("--agents-per-host", type=click.IntRange(min=1), default=1, show_default=True,
               help="Agents sharing this host's cores (sizes the default torch threads).")
+@click.option("--curve-secret", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="This agent's CURVE secret key (NAME.key_secret), for a broker that requires keys.")
+@click.option("--curve-broker", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The broker's public key (broker.key).")
 @agent_options
-def agent(connect, rank, agents_per_host, **kw):
+def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
     """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
 
     --total-frames is this agent's own budget here."""
     from . import launch
+    from .keys import client_options
 
+    if (curve_secret is None) != (curve_broker is None):
+        raise click.UsageError("--curve-secret and --curve-broker go together (this agent's key and the broker's)")
+    curve = (curve_secret, curve_broker) if curve_secret is not None else None
+    if curve is not None:
+        try:
+            client_options(*curve)  # a malformed key fails here, before the envs are built
+        except (ValueError, OSError) as err:
+            raise click.ClickException(str(err)) from None
     check_env(kw["env_id"])
     try:
         rank = launch.rank_from_environment(rank)
@@ -323,8 +378,12 @@ def agent(connect, rank, agents_per_host, **kw):
     cfg.agents = agents_per_host
     run_dir = kw["run_dir"] or Path("runs") / "agents"
     click.echo(f"agent-{rank} -> broker {connect}; run dir {run_dir}")
+    stop = threading.Event()  # SIGTERM (scancel) or Ctrl-C: finish the update, checkpoint, leave
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     try:
-        summary = launch.run_agent(connect, rank, cfg, run_dir, resume=kw["resume"], codec=kw["codec"])
+        summary = launch.run_agent(connect, rank, cfg, run_dir, resume=kw["resume"], codec=kw["codec"],
+                                   stop=stop, echo=click.echo, curve=curve)
     except (launch.RunError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     click.echo(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))

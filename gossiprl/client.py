@@ -10,15 +10,17 @@ and the next call registers again (ZeroMQ restores connections, not registration
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
 import zmq
 
 import topologies
 
-from . import wire
+from . import keys, wire
 
 
 class GossipError(RuntimeError):
@@ -49,11 +51,13 @@ class GossipClient:
 
     ``timeout`` bounds how long one call may wait for a turn lock (None: as long as the
     broker is alive). ``codec`` compresses floating tensors on the wire ("bf16", "fp16").
+    ``curve=(secret_file, broker_public_file)`` authenticates to a CURVE broker (gossiprl.keys).
     """
 
     def __init__(self, address: str, rank: int, *, n: int | None = None, topology=None,
                  timeout: float | None = None, heartbeat: float = 1.0, liveness: int = 3,
-                 codec: str = "raw", context: zmq.Context | None = None):
+                 codec: str = "raw", check_finite: bool = True, takeover: bool = False,
+                 context: zmq.Context | None = None, curve=None):
         if codec not in wire.CODECS:
             raise ValueError(f"unknown codec {codec!r}; valid: {', '.join(wire.CODECS)}")
         if heartbeat <= 0 or liveness < 1:
@@ -63,13 +67,20 @@ class GossipClient:
         self._expect_n = n
         self._expect_digest = topology.digest() if topology is not None else None
         self._ctx = context or zmq.Context.instance()
+        self._curve = keys.client_options(*curve) if curve is not None else None
+        self._watch: keys.HandshakeWatch | None = None
         self._seq = itertools.count(1)
         self._stager = wire.CudaStager()
         self._sock: zmq.Socket | None = None
         self.topology = None
         self.mode = None
         self.round = 0
+        self.check_finite = check_finite
+        self._takeover = takeover
         self.last_rounds: dict[int, int] = {}
+        self.last_weights: dict[int, float] = {}
+        """Weights to mix the last collect's letters with: this rank's row of the mixing matrix the
+        broker had in force (dead peers rewired around), self included."""
         self.register()
 
     # ------------------------------------------------------------ connection
@@ -77,10 +88,23 @@ class GossipClient:
     def _connect(self) -> None:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDTIMEO, int(self.heartbeat * self.liveness * 1000))
+        for option, value in (self._curve or {}).items():
+            self._sock.setsockopt(option, value)
+        self._watch = keys.HandshakeWatch(self._sock, curve=self._curve is not None)
         self._sock.connect(self.address)
+
+    def _unavailable(self, silent_s: float) -> BrokerUnavailable:
+        """Reset the socket and say why the broker seems gone, with what the handshake events tell."""
+        why = self._watch.diagnose() if self._watch is not None else None
+        self._reset()
+        return BrokerUnavailable(f"rank {self.rank}: broker at {self.address} silent for {silent_s:.3g}s"
+                                 + (f"; {why}" if why else ""))
 
     def _reset(self) -> None:
         """Drop the socket (and anything queued on it); the next call reconnects and registers."""
+        if self._watch is not None:
+            self._watch.close()
         if self._sock is not None:
             self._sock.close(linger=0)
         self._sock = None
@@ -91,8 +115,12 @@ class GossipClient:
         """HELLO -> WELCOME: bind this rank, learn the topology, mode and the round to continue from."""
         if self._sock is None:
             self._connect()
-        fields = {"rank": self.rank, "n": self._expect_n, "topology": self._expect_digest}
+        fields = {"rank": self.rank, "n": self._expect_n, "topology": self._expect_digest,
+                  "takeover": self._takeover}
         (welcome,) = self._request([(wire.HELLO, fields, ())], register=False)
+        # Registering again later (after a reset or a broker restart) is this same agent
+        # coming back, so it may take over a registration the broker still holds for it.
+        self._takeover = True
         self.topology = topologies.from_dict(welcome["topology"])
         self.mode = welcome["mode"]
         self.round = welcome["round"]
@@ -104,6 +132,8 @@ class GossipClient:
                 self._sock.send_multipart(wire.encode(wire.BYE, {"seq": next(self._seq)}), flags=zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
+            if self._watch is not None:
+                self._watch.close()
             self._sock.close(linger=100)
             self._sock = None
 
@@ -163,11 +193,14 @@ class GossipClient:
         return time.perf_counter() - t0
 
     def _publish_request(self, tensors):
+        if self.check_finite:
+            _refuse_non_finite(tensors)
         schema, buffers = wire.pack_tensors(tensors, self.codec, self._stager)
         return (wire.PUBLISH, {"round": self.round, "tensors": schema}, buffers)
 
     def _finish_round(self, deliver: wire.Message) -> dict[int, dict]:
         self.last_rounds = {letter["rank"]: letter.get("round") for letter in deliver["messages"]}
+        self.last_weights = {int(j): float(w) for j, w in deliver["weights"]}
         self.round += 1
         return wire.deliveries(deliver)
 
@@ -198,7 +231,10 @@ class GossipClient:
         for cmd, fields, frames in requests:
             seq = next(self._seq)
             seqs.append(seq)
-            self._sock.send_multipart(wire.encode(cmd, {**fields, "seq": seq}, frames), copy=False)
+            try:  # blocks (up to SNDTIMEO) only when ZeroMQ dropped the connection, e.g. a refused handshake
+                self._sock.send_multipart(wire.encode(cmd, {**fields, "seq": seq}, frames), copy=False)
+            except zmq.Again:
+                raise self._unavailable(self.heartbeat * self.liveness) from None
         replies: dict[int, wire.Message] = {}
         start = last_heard = time.monotonic()
         while len(replies) < len(seqs):
@@ -207,12 +243,13 @@ class GossipClient:
                 raise GossipTimeout(f"rank {self.rank}: no turn within {timeout:.3g}s "
                                     f"(round {self.round}; the broker is alive)")
             if now - last_heard > self.heartbeat * self.liveness:
-                self._reset()
-                raise BrokerUnavailable(f"rank {self.rank}: broker at {self.address} silent for "
-                                        f"{now - last_heard:.3g}s")
+                raise self._unavailable(now - last_heard)
             wait = self.heartbeat if timeout is None else min(self.heartbeat, max(0.0, start + timeout - now))
             if not self._sock.poll(int(wait * 1000) + 1):
-                self._sock.send_multipart(wire.encode(wire.PING, {"seq": next(self._seq)}))
+                try:
+                    self._sock.send_multipart(wire.encode(wire.PING, {"seq": next(self._seq)}), flags=zmq.NOBLOCK)
+                except zmq.Again:  # no connection to queue on (a refused handshake): liveness decides
+                    pass
                 continue
             try:
                 msg = wire.decode(self._sock.recv_multipart(copy=False))
@@ -226,3 +263,15 @@ class GossipClient:
             if seq in seqs:
                 replies[seq] = msg
         return [replies[s] for s in seqs]
+
+
+def _refuse_non_finite(tensors: Mapping[str, Any]) -> None:
+    """One diverged agent must not poison the swarm: refuse to send NaN or infinity at all."""
+    for name, value in tensors.items():
+        if type(value).__module__.startswith("torch"):
+            if value.is_floating_point() and not bool(sys.modules["torch"].isfinite(value).all()):
+                raise ValueError(f"tensor {name!r} holds NaN or infinity; refusing to publish it")
+        else:
+            arr = np.asarray(value)
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                raise ValueError(f"tensor {name!r} holds NaN or infinity; refusing to publish it")

@@ -27,7 +27,8 @@ class MixResult:
     dropped: list[int]
     """Peers whose letters were refused (non-finite values, or names/shapes that do not match ours)."""
     consensus_distance: float
-    """L2 distance between our parameters and the weighted mean of the letters mixed, before mixing."""
+    """L2 distance between our parameters and the weighted mean of the letters mixed, before
+    mixing; NaN when no letter was mixed."""
 
 
 def _is_torch(x: Any) -> bool:
@@ -82,8 +83,8 @@ def mix(params: Any, msgs: Mapping[int, Mapping[str, np.ndarray]], weights: Mapp
             dropped.append(peer)
     if dropped:
         log.warning("rank %d: dropped letters from %s (non-finite or wrong schema)", rank, dropped)
-    if not usable:
-        return MixResult(0, dropped, 0.0)
+    if not usable:  # nothing to compare with: NaN, not 0.0, which would read as perfect agreement
+        return MixResult(0, dropped, float("nan"))
     total = weights[rank] + sum(weights[j] for j in usable)
     w_self = weights[rank] / total
     w_peers = {j: weights[j] / total for j in usable}
@@ -124,34 +125,65 @@ def load_tensors(target: Any, arrays: Mapping[str, np.ndarray]) -> None:
 class Gossip:
     """The hook a training loop calls after each optimizer step: publish, collect, mix.
 
-    If the broker is unreachable the agent keeps training on its own; the client reconnects
-    and registers again on a later call, and gossip resumes (see PROTOCOL.md, Reliability).
+    If the broker is unreachable the agent keeps training on its own. Finding that out costs
+    the client's liveness window, so after a failure gossip is not tried again for ``backoff``
+    seconds (doubling up to ``max_backoff`` while it keeps failing): local training goes on
+    at full speed, and gossip resumes once a broker answers on the same address (the client
+    registers again by itself; see PROTOCOL.md, Reliability).
     """
 
-    def __init__(self, client: GossipClient, name: str = "params", check_finite: bool = True):
+    def __init__(self, client: GossipClient, name: str = "params", check_finite: bool = True,
+                 backoff: float = 1.0, max_backoff: float = 30.0):
         self.client = client
         self.name = name
         self.check_finite = check_finite
+        self.backoff, self.max_backoff = backoff, max_backoff
         self.failures = 0
+        self.skipped = 0
+        self.dropped = 0
+        self._retry_at = 0.0
+        self._next_backoff = backoff
 
     def exchange(self, params: Any) -> dict[str, float]:
         t0 = time.perf_counter()
         result = MixResult(0, [], float("nan"))
-        try:
-            weights = self.client.weights
-            msgs = self.client.exchange({self.name: params})
-        except (BrokerUnavailable, GossipTimeout) as err:
-            self.failures += 1
-            log.warning("rank %d: gossip skipped this round: %s", self.client.rank, err)
-            msgs = None
+        msgs = None
+        if time.monotonic() < self._retry_at:
+            self.skipped += 1
+        else:
+            try:
+                msgs = self.client.exchange({self.name: params})
+                self._next_backoff = self.backoff
+            except (BrokerUnavailable, GossipTimeout) as err:
+                self.failures += 1
+                self._retry_at = time.monotonic() + self._next_backoff
+                log.warning("rank %d: gossip off for %.1fs: %s", self.client.rank, self._next_backoff, err)
+                self._next_backoff = min(2 * self._next_backoff, self.max_backoff)
         t1 = time.perf_counter()
         if msgs is not None:
-            result = mix({self.name: params}, msgs, weights, self.client.rank, check_finite=self.check_finite)
+            result = mix({self.name: params}, msgs, self.client.last_weights, self.client.rank,
+                         check_finite=self.check_finite)
+            self.dropped += len(result.dropped)
         t2 = time.perf_counter()
         return {"gossip/wait_s": t1 - t0, "gossip/mix_s": t2 - t1, "gossip/round": float(self.client.round),
-                "gossip/peers": float(result.peers), "gossip/dropped": float(len(result.dropped)),
+                "gossip/peers": float(result.peers), "gossip/dropped": float(self.dropped),
                 "gossip/consensus_distance": result.consensus_distance,
-                "gossip/failures": float(self.failures)}
+                "gossip/failures": float(self.failures), "gossip/skipped": float(self.skipped)}
+
+    def adopt(self, params: Any) -> int:
+        """Start from the in-peers' parameters instead of our own: their mean, written into ``params``.
+
+        For an agent that rejoins a running swarm with nothing of its own (no checkpoint):
+        a fresh initialisation mixed in would set its neighbours back. Returns how many
+        letters were averaged (0: nothing usable came, ``params`` are left as they were).
+        """
+        msgs = self.client.collect()
+        own = {self.name: params}
+        usable = {j: m for j, m in msgs.items() if _valid_letter(m, own, self.check_finite)}
+        if usable:
+            mix(own, usable, {self.client.rank: 0.0, **{j: 1.0 for j in usable}}, self.client.rank,
+                check_finite=self.check_finite)
+        return len(usable)
 
     def close(self) -> None:
         self.client.close()

@@ -3,8 +3,10 @@
 ``run`` owns a broker and one process per agent, named by role (``agent-3``). Agent processes
 report to the launcher over one queue, ``reports``, with ("progress" | "done" | "failed", rank,
 payload) tuples; the launcher decides when the swarm stops (total frames, the solve threshold
-over the last 100 episodes of all agents together, Ctrl-C, a crashed agent) and tells agents
-through one Event, ``stop``. Children are joined in ``finally``: no orphans.
+over the last 100 episodes of all agents together, Ctrl-C or SIGTERM, a crashed agent under
+``fail_fast``) and tells agents through one Event, ``stop``. Without ``fail_fast`` a crashed
+agent is named, with its traceback, and the broker rewires the survivors around it. Children
+are joined in ``finally``: no orphans.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from pathlib import Path
 import topologies
 
 from .broker import Broker
-from .client import GossipClient
+from .client import BrokerUnavailable, GossipClient
 from .gossip import Gossip
 
 log = logging.getLogger("gossiprl.launch")
@@ -67,6 +69,8 @@ class SwarmConfig:
     """Stop the swarm once the mean of the last 100 episodes of all agents reaches this."""
     max_seconds: float | None = None
     """Stop the swarm after this much wall-clock time."""
+    fail_fast: bool = False
+    """Stop every agent when one fails; by default the others carry on, rewired around it."""
 
 
 @dataclass
@@ -137,7 +141,7 @@ def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout,
     try:
         if address is not None:
             client = GossipClient(address, rank, n=n, timeout=gossip_timeout, codec=codec,
-                                  heartbeat=LOCAL_HEARTBEAT_S)
+                                  heartbeat=LOCAL_HEARTBEAT_S, takeover=resume)
             gossip = Gossip(client)
         summary = train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
                         progress=lambda report: reports.put(("progress", rank, report)))
@@ -177,6 +181,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     broker = None
     summaries: dict[int, dict] = {}
     failures: dict[int, str] = {}
+    reported: set[int] = set()
     stopped_by = "total frames"
     solved_at = None
     start = time.perf_counter()
@@ -197,18 +202,10 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                         and not stop.is_set():
                     stopped_by = f"time limit of {swarm.max_seconds:g}s"
                     stop.set()
-                    if broker is not None:
-                        broker.close()
                 try:
-                    kind, rank, payload = reports.get(timeout=1.0)
+                    kind, rank, payload = reports.get(timeout=0.5)
                 except queue.Empty:
-                    for rank, p in procs.items():
-                        if not p.is_alive() and rank not in summaries and rank not in failures:
-                            failures[rank] = f"process exited with code {p.exitcode} without a report"
-                    if failures:
-                        stopped_by = "an agent failed"
-                        stop.set()
-                    continue
+                    kind = None
                 if kind == "progress":
                     progress.add(rank, payload)
                     bar(progress)
@@ -220,23 +217,30 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                         stop.set()
                 elif kind == "done":
                     summaries[rank] = payload
-                else:
+                elif kind == "failed":
                     failures[rank] = payload
-                    echo(f"agent-{rank} failed:\n{payload}")
-                    stopped_by = "an agent failed"
-                    stop.set()
-                if stop.is_set() and broker is not None:
-                    broker.close()  # agents parked on a lock hear nothing more, skip the round, and stop
+                for rank, p in procs.items():  # killed outright (OOM, kill -9): no report comes
+                    if not p.is_alive() and rank not in summaries and rank not in failures:
+                        failures[rank] = f"process exited with code {p.exitcode} without a report"
+                for rank in sorted(failures.keys() - reported):
+                    reported.add(rank)
+                    echo(f"agent-{rank} failed: {failures[rank].strip()}")
+                    if swarm.fail_fast:
+                        stopped_by = f"agent-{rank} failed (--fail-fast)"
+                        stop.set()
+                    elif broker is not None:
+                        echo(f"carrying on with the other agents; the topology is rewired around agent-{rank}")
+                        broker.declare_gone(rank)
         except KeyboardInterrupt:
             stopped_by = "interrupted"
             echo("\ninterrupted: stopping agents (they write a final checkpoint)")
             stop.set()
-            if broker is not None:
-                broker.close()
             _drain_until_done(reports, summaries, failures, swarm.agents, progress, timeout=60)
         finally:
             stop.set()
             for p in procs.values():
+                if p.pid is None:  # start() itself failed; its error is already on its way up
+                    continue
                 p.join(timeout=30)
                 if p.is_alive():
                     p.terminate()
@@ -318,13 +322,29 @@ def _progress_bar(total_frames: int, enabled: bool):
 
 
 def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = False,
-              gossip_timeout: float = 60.0, codec: str = "raw") -> dict:
-    """One agent of a multi-host swarm (the PALA layout): the broker runs elsewhere."""
+              gossip_timeout: float = 60.0, codec: str = "raw", stop=None, connect_timeout: float = 120.0,
+              echo=print, **client_options) -> dict:
+    """One agent of a multi-host swarm (the PALA layout): the broker runs elsewhere.
+
+    Agents of a batch job may start before their broker, so registration is retried for
+    ``connect_timeout`` seconds. ``resume`` continues from this rank's checkpoint, or from the
+    neighbours' parameters when there is none, and takes the rank over from a registration
+    the broker may still hold for this agent's previous, dead process.
+    """
     from .agent import train
 
-    client = GossipClient(address, rank, timeout=gossip_timeout, codec=codec)
+    deadline = time.monotonic() + connect_timeout
+    while True:
+        try:
+            client = GossipClient(address, rank, timeout=gossip_timeout, codec=codec, takeover=resume,
+                                  **client_options)
+            break
+        except BrokerUnavailable:
+            if time.monotonic() > deadline:
+                raise RunError(f"no broker answered at {address} within {connect_timeout:g}s") from None
+            echo(f"agent-{rank}: waiting for the broker at {address}")
     gossip = Gossip(client)
     try:
-        return train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume)
+        return train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop)
     finally:
         gossip.close()

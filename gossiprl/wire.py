@@ -12,6 +12,7 @@ typing, and the CUDA staging path uses the torch module the caller already impor
 from __future__ import annotations
 
 import math
+import reprlib
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -44,11 +45,24 @@ _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 class WireError(ValueError):
-    """A message that does not follow PROTOCOL.md. ``code`` is the ERROR code a broker replies with."""
+    """A message that does not follow PROTOCOL.md. ``code`` is the ERROR code a broker replies with;
+    ``seq`` is the refused request's sequence number when its header could be read that far."""
 
     def __init__(self, reason: str, code: str = "bad-message"):
         super().__init__(reason)
         self.code = code
+        self.seq: int | None = None
+
+
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict = 2, 4, 4
+_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlong = 60, 60, 40
+
+
+def _show(value: Any) -> str:
+    """A short repr of a received value for an error reason: bounded in length and nesting, so
+    a hostile header can neither bloat the reply nor exhaust the stack while we describe it."""
+    return _SHOW.repr(value)
 
 
 @dataclass
@@ -212,7 +226,7 @@ def _need(header: dict, key: str, kind: type | tuple, cmd: str) -> Any:
     value = header.get(key)
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise WireError(f"{cmd} needs field {key!r} of type {names}, got {value!r}")
+        raise WireError(f"{cmd} needs field {key!r} of type {names}, got {_show(value)}")
     return value
 
 
@@ -227,10 +241,11 @@ def parse_specs(raw: Any, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[
         name, dtype, shape, nbytes = (entry.get(k) for k in ("name", "dtype", "shape", "nbytes"))
         decode_as = entry.get("as", dtype)
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or name in names:
-            raise WireError(f"tensor name must be a unique string of 1..{MAX_NAME_CHARS} characters, got {name!r}")
-        if dtype not in _ITEMSIZE or decode_as not in _ITEMSIZE:
-            raise WireError(f"tensor {name!r}: dtype {dtype!r}/{decode_as!r} not allowed; valid: {', '.join(DTYPES)}",
-                            "bad-dtype")
+            raise WireError(f"tensor name must be a unique string of 1..{MAX_NAME_CHARS} characters, "
+                            f"got {_show(name)}")
+        if not (isinstance(dtype, str) and dtype in _ITEMSIZE and isinstance(decode_as, str) and decode_as in _ITEMSIZE):
+            raise WireError(f"tensor {name!r}: dtype {_show(dtype)}/{_show(decode_as)} not allowed; "
+                            f"valid: {', '.join(DTYPES)}", "bad-dtype")
         if (dtype != decode_as) and not (dtype in _FLOATS and decode_as in _FLOATS):
             raise WireError(f"tensor {name!r}: only floats may be compressed, not {decode_as} as {dtype}", "bad-dtype")
         if (not isinstance(shape, list) or len(shape) > MAX_NDIM
@@ -238,7 +253,7 @@ def parse_specs(raw: Any, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[
             raise WireError(f"tensor {name!r}: shape must be a list of at most {MAX_NDIM} non-negative ints")
         expected = math.prod(shape) * _ITEMSIZE[dtype]
         if not isinstance(nbytes, int) or nbytes != expected:
-            raise WireError(f"tensor {name!r}: nbytes {nbytes!r} != prod(shape) x itemsize = {expected}")
+            raise WireError(f"tensor {name!r}: nbytes {_show(nbytes)} != prod(shape) x itemsize = {expected}")
         total += nbytes
         if total > max_payload:
             raise WireError(f"payload exceeds the {max_payload}-byte limit", "too-large")
@@ -270,12 +285,22 @@ def decode(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Me
         raise WireError(f"header is not valid msgpack ({type(exc).__name__})") from None
     if not isinstance(header, dict):
         raise WireError("header must be a msgpack map")
+    try:
+        return _validate(header, frames, max_payload)
+    except WireError as err:
+        seq = header.get("seq")
+        err.seq = seq if type(seq) is int else None
+        raise
+
+
+def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
     version = header.get("v")
-    if version != PROTOCOL_VERSION:
-        raise WireError(f"protocol version {version!r} not supported; this peer speaks {PROTOCOL_VERSION}", "version")
+    if type(version) is not int or version != PROTOCOL_VERSION:  # True == 1 in Python, not on the wire
+        raise WireError(f"protocol version {_show(version)} not supported; this peer speaks {PROTOCOL_VERSION}",
+                        "version")
     cmd = header.get("cmd")
-    if cmd not in CLIENT_COMMANDS and cmd not in BROKER_COMMANDS:
-        raise WireError(f"unknown command {cmd!r}; valid: {', '.join(CLIENT_COMMANDS + BROKER_COMMANDS)}",
+    if not isinstance(cmd, str) or (cmd not in CLIENT_COMMANDS and cmd not in BROKER_COMMANDS):
+        raise WireError(f"unknown command {_show(cmd)}; valid: {', '.join(CLIENT_COMMANDS + BROKER_COMMANDS)}",
                         "unknown-command")
     msg = Message(cmd, header, list(frames[1:]))
     if header.get("seq") is not None:  # nil only in an ERROR about a request that could not be read
@@ -299,6 +324,11 @@ def decode(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Me
                 raise WireError("each DELIVER entry needs an int 'rank'")
             letter["specs"] = parse_specs(letter.get("tensors"), max_payload)
             msg.specs.extend(letter["specs"])
+        weights = header.get("weights")
+        if not isinstance(weights, list) or not all(
+                isinstance(p, list) and len(p) == 2 and type(p[0]) is int and type(p[1]) in (int, float)
+                for p in weights):
+            raise WireError("DELIVER needs 'weights': a list of [rank, weight] pairs")
         if len(msg.frames) != len(msg.specs):
             raise WireError(f"DELIVER: schema lists {len(msg.specs)} tensors but {len(msg.frames)} frames came")
         _check_frames(msg.specs, msg.frames, cmd)

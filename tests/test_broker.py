@@ -88,8 +88,8 @@ def run_swarm(broker, x0, rounds, **client_kw):
         try:
             with GossipClient(broker.address, rank, **client_kw) as c:
                 for _ in range(rounds):
-                    w = c.weights
-                    mix({"x": x[rank]}, c.exchange({"x": x[rank]}), w, rank)
+                    letters = c.exchange({"x": x[rank]})
+                    mix({"x": x[rank]}, letters, c.last_weights, rank)
         except Exception as exc:
             errors.append(exc)
 

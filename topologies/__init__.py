@@ -124,6 +124,27 @@ class Topology:
         row = self.at(round).matrix[i]
         return {j: float(row[j]) for j in sorted((*self.in_peers(i, round), i))}
 
+    def without(self, gone: Iterable[int]) -> Topology:
+        """The topology the survivors use when the agents in ``gone`` are dead: each dead agent is
+        bypassed, its in-peers wired straight to its out-peers.
+
+        Agent i's weight on a dead d goes to what d itself would have mixed: d's in-peers, in
+        the proportions of d's row (d's own share dropped). A directed ring thus becomes the
+        ring of the survivors with the same 1/2 weights, rows stay stochastic, and since every
+        path through d is replaced by a direct edge the survivors stay strongly connected.
+        A dead agent keeps only itself (weight 1) and no peers. Rank numbers do not change.
+        """
+        dead = sorted({self._rank(d) for d in gone})
+        if not dead:
+            return self
+        rounds = [_bypass(p, dead) for p in self._rounds]
+        name = f"{self._name} without {_ranges(dead, braces=True)}"
+        views = None
+        if self._views is not None:
+            views = [Topology._build(f"{view.name} without {_ranges(dead, braces=True)}", (p,), self._options)
+                     for view, p in zip(self._views, rounds)]
+        return Topology._build(name, rounds, self._options, views)
+
     def _rank(self, i: int) -> int:
         rank = _integer(i, "rank")
         if not 0 <= rank < self._n:
@@ -385,6 +406,26 @@ def _shift_matrix(n: int, offsets: Sequence[int]) -> np.ndarray:
     p[rows, rows] = w
     for o in offsets:
         p[rows, (rows - o) % n] = w
+    return _read_only(p)
+
+
+def _bypass(p: np.ndarray, dead: Sequence[int]) -> np.ndarray:
+    """Eliminate each dead agent in turn (see Topology.without); exact for any row-stochastic P."""
+    p = np.array(p, dtype=float)
+    for d in dead:
+        share = p[:, d].copy()
+        share[d] = 0.0
+        p[:, d] = 0.0
+        row = p[d].copy()
+        row[d] = 0.0
+        spread = row.sum()
+        for i in np.flatnonzero(share > 0):
+            if spread > _ZERO:
+                p[i] += share[i] * row / spread
+            else:  # d heard from nobody alive: i keeps the weight itself
+                p[i, i] += share[i]
+        p[d] = 0.0
+        p[d, d] = 1.0
     return _read_only(p)
 
 
