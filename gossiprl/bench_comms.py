@@ -87,7 +87,10 @@ def _relay_agent(address, rank, numel, rounds, warmup, pingpong, out):
 
     order = (send, receive) if rank == 0 or not pingpong else (receive, send)
     out.put((rank, _round_times(lambda _: [f() for f in order], rounds, warmup)))
-    sock.close(linger=1000)
+    # In a ring, receiving says nothing about our own last send: let ZeroMQ finish it while
+    # ``x`` is alive, or the interpreter's exit frees it under the sender (EFAULT, abort).
+    sock.close(linger=5000)
+    zmq.Context.instance().term()
 
 
 def _paper_agent(slots, flags, n, rank, numel, rounds, warmup, pingpong, out):

@@ -339,10 +339,10 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
             client = GossipClient(address, rank, timeout=gossip_timeout, codec=codec, takeover=resume,
                                   **client_options)
             break
-        except BrokerUnavailable:
+        except BrokerUnavailable as err:
             if time.monotonic() > deadline:
-                raise RunError(f"no broker answered at {address} within {connect_timeout:g}s") from None
-            echo(f"agent-{rank}: waiting for the broker at {address}")
+                raise RunError(f"no broker answered at {address} within {connect_timeout:g}s: {err}") from None
+            echo(f"agent-{rank}: waiting for the broker ({err})")
     gossip = Gossip(client)
     try:
         return train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop)

@@ -157,3 +157,15 @@ def test_decode_of_structured_garbage_raises_only_wire_error(cmd, fields, payloa
         wire.decode(frames)
     except wire.WireError:
         pass
+
+
+def test_the_comms_layer_imports_neither_torch_nor_gymnasium():
+    """The layers below the agent must stay importable on a box with no RL stack (a broker host)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, topologies, gossiprl, gossiprl.wire, gossiprl.broker, gossiprl.client, "
+            "gossiprl.gossip, gossiprl.keys, gossiprl.launch; "
+            "print(sorted(m for m in ('torch', 'gymnasium', 'ale_py') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
