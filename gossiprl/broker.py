@@ -39,6 +39,8 @@ class Letter:
     schema: list
     frames: list
     nbytes: int
+    written_to: set[int] = field(default_factory=set)
+    """Readers whose slot this letter was put in: after a rewiring, a new reader that missed it gets it."""
 
 
 @dataclass
@@ -63,6 +65,7 @@ class Agent:
     last_seen: float = 0.0
     round: int = 0
     publish: Parked | None = None
+    last_letter: Letter | None = None
     collect: Parked | None = None
     stale: dict[int, int] = field(default_factory=dict)
     publishes: int = 0
@@ -289,6 +292,7 @@ class Broker:
         if agent.gone:
             log.warning("broker: agent %d is back; rewiring the topology to include it", rank)
             agent.gone = False
+            agent.last_letter = None  # the parameters of the process that died
             self._gone.discard(rank)
             self._rewire()
 
@@ -361,6 +365,16 @@ class Broker:
             self._count("letters-dropped-by-rewiring")
         work = []
         for agent in self._agents.values():
+            # A letter sent while a reader's row was changing may have found no reader at all
+            # (its new reader was still finishing a gone agent's last letter). Its sender now
+            # waits on that reader while the reader waits on it: give each new reader the
+            # sender's latest letter, so no rewiring can deadlock a cycle of agents.
+            letter = agent.last_letter
+            if letter is not None and not agent.gone and (agent.publish is None or agent.publish.letter is not letter):
+                for reader in self._out_peers(agent.rank, letter.round) - letter.written_to:
+                    if (agent.rank, reader) not in self._mailbox:
+                        self._mailbox[(agent.rank, reader)] = letter
+                        letter.written_to.add(reader)
             if agent.publish is not None:
                 p = agent.publish
                 p.waiting_on = self._out_peers(agent.rank, p.round) - set(p.written)
@@ -381,6 +395,7 @@ class Broker:
                                  "schema-mismatch")
         nbytes = sum(spec.nbytes for spec in msg.specs)
         letter = Letter(agent.rank, msg["round"], msg["tensors"], msg.frames, nbytes)
+        agent.last_letter = letter
         agent.round = msg["round"]
         agent.publishes += 1
         agent.bytes_in += nbytes
@@ -426,6 +441,7 @@ class Broker:
                     parked.waiting_on.discard(dst)
                 continue
             self._mailbox[(agent.rank, dst)] = parked.letter
+            parked.letter.written_to.add(dst)
             parked.written.append(dst)
             parked.waiting_on.discard(dst)
             agent.waited_on[dst] = agent.waited_on.get(dst, 0.0) + now - parked.since

@@ -19,6 +19,7 @@ import re
 import shutil
 import struct
 import tempfile
+import uuid
 from pathlib import Path
 
 import zmq
@@ -251,7 +252,9 @@ class HandshakeWatch:
     def __init__(self, sock: zmq.Socket, curve: bool):
         self.curve = curve
         self._sock = sock
-        self._monitor = sock.get_monitor_socket(_WATCHED)
+        # pyzmq's default monitor endpoint is named by the socket's fd, which the OS reuses at
+        # once while ZeroMQ may still hold a closed socket's endpoint: "Address already in use".
+        self._monitor = sock.get_monitor_socket(_WATCHED, addr=f"inproc://gossiprl-monitor-{uuid.uuid4().hex}")
         self._seen: set[tuple[int, int]] = set()
 
     def _drain(self) -> None:

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 import topologies
 from gossiprl import Broker, BrokerUnavailable, Gossip, GossipClient, mix
 
-FAST = {"heartbeat": 0.1, "liveness": 3}
+FAST = {"heartbeat": 0.1, "liveness": 10}  # broker declared gone after 1 s: survives a loaded CI machine
+QUICK = {"heartbeat": 0.1, "liveness": 3}  # 0.3 s, for tests about how fast a dead broker is noticed
 
 
 # ------------------------------------------------------------------ topology repair (pure maths)
@@ -140,13 +141,30 @@ def test_agent_rejoining_without_a_checkpoint_starts_from_its_neighbours():
             hook.close()
 
 
+def test_letter_sent_while_a_row_is_changing_reaches_its_new_reader():
+    """Ring 0 -> 1 -> 2 -> 0. Rank 1 publishes its last letter and leaves: 2 still owes it a read,
+    so 2 keeps listening to 1 until then, and 0's letter of that moment has no reader at all.
+    Once 2 has read 1's letter it listens to 0, and must get that letter: 0 now waits on 2 and 2
+    on 0, so losing it deadlocked the survivors (found under load, ~1 run in 3)."""
+    with Broker(topologies.make("ring", 3)).start() as broker:
+        c = {r: GossipClient(broker.address, r, timeout=3) for r in range(3)}
+        c[1].publish({"x": np.full(2, 1.0, np.float32)})
+        c[1].close()
+        assert c[0].publish({"x": np.full(2, 0.0, np.float32)}).written == []
+        assert set(c[2].collect()) == {1}, "the last letter of the agent that left must still arrive"
+        letters = c[2].collect()
+        assert set(letters) == {0} and letters[0]["x"][0] == 0.0
+        assert c[2].last_weights == {0: 0.5, 2: 0.5}
+        c[0].close(), c[2].close()
+
+
 # ------------------------------------------------------------------ the broker dies and comes back
 
 def test_training_goes_on_through_a_broker_restart_and_gossip_resumes():
     topo = topologies.make("ring", 2)
     broker = Broker(topo).start()
     address = broker.address
-    hooks = [Gossip(GossipClient(address, r, timeout=5, **FAST), backoff=0.2, max_backoff=0.4) for r in range(2)]
+    hooks = [Gossip(GossipClient(address, r, timeout=5, **QUICK), backoff=0.2, max_backoff=0.4) for r in range(2)]
     params = [np.full(8, float(r), np.float32) for r in range(2)]
     results, errors = {0: [], 1: []}, []
     phase = {"name": "up"}
@@ -186,7 +204,7 @@ def test_training_goes_on_through_a_broker_restart_and_gossip_resumes():
 
 def test_call_raises_broker_unavailable_within_the_liveness_window():
     broker = Broker(topologies.make("ring", 2)).start()
-    client = GossipClient(broker.address, 0, **FAST)
+    client = GossipClient(broker.address, 0, **QUICK)
     broker.close()
     t0 = time.monotonic()
     with pytest.raises(BrokerUnavailable):
