@@ -140,6 +140,7 @@ class Broker:
         self._mailbox: dict[tuple[int, int], Letter] = {}
         self._schema: tuple | None = None
         self.errors: dict[str, int] = {}
+        self.events: dict[str, int] = {}
         self.started = time.time()
 
     # ------------------------------------------------------------ lifecycle
@@ -253,11 +254,17 @@ class Broker:
                                       copy=False)
             return True
         except zmq.ZMQError:  # the peer went away (ROUTER_MANDATORY) or its queue is full
-            self._count("undeliverable")
+            self._note("undeliverable")
             return False
 
     def _count(self, code: str) -> None:
+        """A refused request, by its ERROR code (PROTOCOL.md section 4)."""
         self.errors[code] = self.errors.get(code, 0) + 1
+
+    def _note(self, event: str) -> None:
+        """Something that happened to the swarm and is no one's error: an agent expired, a reply
+        that could not be delivered, a letter dropped by rewiring."""
+        self.events[event] = self.events.get(event, 0) + 1
 
     # ------------------------------------------------------------ registration
 
@@ -315,14 +322,14 @@ class Broker:
     def _declared_gone(self, rank: int) -> None:
         agent = self._agents[rank]
         if not agent.gone:
-            self._count("declared-gone")
+            self._note("declared-gone")
             self._leave(agent, "was declared gone")
 
     def _expire_silent_agents(self) -> None:
         deadline = time.monotonic() - self.peer_timeout
         for agent in list(self._by_identity.values()):
             if agent.last_seen < deadline:
-                self._count("expired")
+                self._note("expired")
                 self._leave(agent, f"was silent for {self.peer_timeout:g}s")
 
     # ------------------------------------------------------------ the topology in force
@@ -362,7 +369,7 @@ class Broker:
                  if not any(j in self._in_peers(i, r) for r in range(period))]
         for key in stale:
             del self._mailbox[key]
-            self._count("letters-dropped-by-rewiring")
+            self._note("letters-dropped-by-rewiring")
         work = []
         for agent in self._agents.values():
             # A letter sent while a reader's row was changing may have found no reader at all
@@ -504,4 +511,4 @@ class Broker:
                 "parked": [k for k in ("publish", "collect") if getattr(a, k) is not None],
             }
         return {"mode": self.mode, "address": self.address, "n": self.topology.n,
-                "uptime_s": round(time.time() - self.started, 3), "errors": dict(self.errors), "agents": agents}
+                "uptime_s": round(time.time() - self.started, 3), "errors": dict(self.errors), "events": dict(self.events), "agents": agents}

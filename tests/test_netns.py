@@ -119,4 +119,4 @@ def test_cartpole_swarm_across_three_hosts_survives_a_killed_agent(hosts, tmp_pa
     assert stats, broker_out[-3000:]
     assert stats[-1]["agents"]["2"]["registrations"] >= 2, "the restarted agent never rejoined"
     print(f"netns run: {time.monotonic() - started:.1f}s in all, rank 2 restarted "
-          f"{time.monotonic() - killed_at:.1f}s before the end; broker stats: {stats[-1]['errors']}")
+          f"{time.monotonic() - killed_at:.1f}s before the end; broker errors {stats[-1]['errors']}, events {stats[-1]['events']}")
