@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Protocol
 
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from gossiprl.a2c import A2CConfig, Rollout, make_optimizer, update
+from gossiprl.a2c import A2CConfig, Rollout, make_optimizer, resolve_defaults, update
 from gossiprl.envs import is_atari, make_env
 from gossiprl.models import flatten_parameters, make_model
 
@@ -106,9 +106,7 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
     threads = cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.agents)
     torch.set_num_threads(threads)
     device = pick_device(cfg.device, rank)
-    a2c = cfg.a2c
-    if a2c.clip_rewards is None:
-        a2c = replace(a2c, clip_rewards=is_atari(cfg.env_id))
+    a2c = resolve_defaults(cfg.a2c, is_atari(cfg.env_id))
 
     envs = make_env(cfg.env_id, a2c.num_envs, int(rng.integers(2**30)),
                     sticky_actions=cfg.sticky_actions, num_threads=threads)

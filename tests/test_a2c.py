@@ -120,7 +120,7 @@ def filled_rollout():
     (False, (8.0 ** 2 + 2.0 ** 2 + 3.25 ** 2 + 0.5 ** 2) / 4),
 ])
 def test_time_limit_bootstraps_from_the_final_obs_unclipped(clip_rewards, expected_value_loss):
-    cfg = A2CConfig(num_envs=2, n_steps=2, gamma=0.5, clip_rewards=clip_rewards)
+    cfg = A2CConfig(num_envs=2, n_steps=2, gamma=0.5, clip_rewards=clip_rewards, entropy_coef=0.01)
     model = ObsValue()
     rollout = filled_rollout()
     final_obs = torch.tensor([[8.0]])
@@ -140,7 +140,7 @@ def test_time_limit_bootstraps_from_the_final_obs_unclipped(clip_rewards, expect
 
 
 def test_without_the_bonus_a_cut_step_is_a_plain_terminal():
-    cfg = A2CConfig(num_envs=2, n_steps=2, gamma=0.5, clip_rewards=True)
+    cfg = A2CConfig(num_envs=2, n_steps=2, gamma=0.5, clip_rewards=True, entropy_coef=0.01)
     metrics = update(ObsValue(), make_optimizer(ObsValue(), cfg), filled_rollout(), cfg)
     # G0 of env 0 = 1 (clipped 5, nothing after the done) -> A = 0 in place of 4
     assert metrics["losses/value_loss"].item() == pytest.approx((0.0 + 1.0 + 1.25 ** 2 + 0.5 ** 2) / 4)
@@ -319,3 +319,13 @@ def test_vector_obs_get_the_mlp_and_continuous_actions_are_refused():
     assert isinstance(make_model(box, gym.spaces.Discrete(2)), MLPActorCritic)
     with pytest.raises(ValueError, match="Discrete"):
         make_model(box, gym.spaces.Box(-1.0, 1.0, (1,), np.float32))
+
+
+def test_env_dependent_defaults_follow_the_papers_on_atari_only():
+    from gossiprl.a2c import resolve_defaults
+
+    atari, other = resolve_defaults(A2CConfig(), atari=True), resolve_defaults(A2CConfig(), atari=False)
+    assert (atari.entropy_coef, atari.clip_rewards) == (0.01, True)
+    assert (other.entropy_coef, other.clip_rewards) == (0.0, False)
+    given = resolve_defaults(A2CConfig(entropy_coef=0.05, clip_rewards=False), atari=True)
+    assert (given.entropy_coef, given.clip_rewards) == (0.05, False)
