@@ -76,9 +76,6 @@ class Agent:
     collect_wait_s: float = 0.0
     waited_on: dict[int, float] = field(default_factory=dict)
     registrations: int = 0
-    gone: bool = False
-    """Left (BYE), silent past peer_timeout, or declared dead: the survivors are rewired around it
-    until it registers again. A rank that never registered is not gone: it is waited for."""
 
 
 class Broker:
@@ -122,19 +119,19 @@ class Broker:
                 self._curve.close()
             raise
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._stop_addr = f"inproc://gossiprl-broker-stop-{uuid.uuid4().hex}"  # id(self) is reused
-        self._stop_rx = self._ctx.socket(zmq.PAIR)
-        self._stop_rx.bind(self._stop_addr)
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._control_addr = f"inproc://gossiprl-broker-control-{uuid.uuid4().hex}"
+        # Other threads talk to the serving thread only here: b"stop", or a rank declared gone.
+        self._control_addr = f"inproc://gossiprl-broker-control-{uuid.uuid4().hex}"  # id(self) is reused
         self._control = self._ctx.socket(zmq.PULL)
         self._control.bind(self._control_addr)
-        self._bypassed: dict[frozenset, object] = {frozenset(): topology}
-        self._rewire_pending = False
+        self._thread: threading.Thread | None = None
+        self._closed = False
         self._gone: set[int] = set()
-        """Ranks of the agents that are gone (Agent.gone), kept apart for the lock logic's fast path."""
+        """Ranks that left (BYE), went silent past peer_timeout, or were declared dead: the survivors
+        are rewired around them until they register again. A rank that never registered is not
+        gone: it is waited for."""
+        self._bypassed: dict[frozenset, object] = {frozenset(): topology}
         """Topology.without(gone) for each set of gone agents met so far."""
+        self._rewire_pending = False
         self._agents = {r: Agent(r) for r in range(topology.n)}
         self._by_identity: dict[bytes, Agent] = {}
         self._mailbox: dict[tuple[int, int], Letter] = {}
@@ -158,14 +155,10 @@ class Broker:
             return
         self._closed = True
         if self._thread is not None and self._thread.is_alive():
-            stop = self._ctx.socket(zmq.PAIR)
-            stop.connect(self._stop_addr)
-            stop.send(b"stop")
+            self._tell(b"stop")
             self._thread.join()
-            stop.close(linger=0)
         else:
             self._sock.close(linger=0)
-            self._stop_rx.close(linger=0)
             self._control.close(linger=0)
         if self._curve is not None:
             self._curve.close()
@@ -179,15 +172,15 @@ class Broker:
     def serve_forever(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._stop_rx, zmq.POLLIN)
         poller.register(self._control, zmq.POLLIN)
         try:
             while True:
                 events = dict(poller.poll(timeout=self._poll_timeout_ms()))
-                if self._stop_rx in events:
-                    return
                 if self._control in events:
-                    self._declared_gone(int(self._control.recv_string()))
+                    order = self._control.recv()
+                    if order == b"stop":
+                        return
+                    self._declared_gone(int(order))
                 if self._sock in events:
                     for _ in range(256):  # drain a burst, but keep expiring peers under load
                         try:
@@ -198,7 +191,6 @@ class Broker:
                 self._expire_silent_agents()
         finally:
             self._sock.close(linger=0)
-            self._stop_rx.close(linger=0)
             self._control.close(linger=0)
 
     def declare_gone(self, rank: int) -> None:
@@ -208,9 +200,12 @@ class Broker:
         """
         if not 0 <= rank < self.topology.n:
             raise ValueError(f"rank {rank} out of range; this swarm has ranks 0..{self.topology.n - 1}")
+        self._tell(str(rank).encode())
+
+    def _tell(self, order: bytes) -> None:
         push = self._ctx.socket(zmq.PUSH)
         push.connect(self._control_addr)
-        push.send_string(str(rank))
+        push.send(order)
         push.close(linger=1000)
 
     def _poll_timeout_ms(self) -> int:
@@ -296,9 +291,8 @@ class Broker:
             "mode": self.mode, "max_staleness": self.max_staleness, "peer_timeout": self.peer_timeout,
             "topology": self.topology.to_dict(),
         })
-        if agent.gone:
+        if rank in self._gone:
             log.warning("broker: agent %d is back; rewiring the topology to include it", rank)
-            agent.gone = False
             agent.last_letter = None  # the parameters of the process that died
             self._gone.discard(rank)
             self._rewire()
@@ -315,13 +309,12 @@ class Broker:
         self._by_identity.pop(agent.identity, None)
         agent.identity = None
         agent.publish = agent.collect = None
-        agent.gone = True
         self._gone.add(agent.rank)
         self._rewire()
 
     def _declared_gone(self, rank: int) -> None:
         agent = self._agents[rank]
-        if not agent.gone:
+        if rank not in self._gone:
             self._note("declared-gone")
             self._leave(agent, "was declared gone")
 
@@ -377,7 +370,8 @@ class Broker:
             # waits on that reader while the reader waits on it: give each new reader the
             # sender's latest letter, so no rewiring can deadlock a cycle of agents.
             letter = agent.last_letter
-            if letter is not None and not agent.gone and (agent.publish is None or agent.publish.letter is not letter):
+            if (letter is not None and agent.rank not in self._gone
+                    and (agent.publish is None or agent.publish.letter is not letter)):
                 for reader in self._out_peers(agent.rank, letter.round) - letter.written_to:
                     if (agent.rank, reader) not in self._mailbox:
                         self._mailbox[(agent.rank, reader)] = letter
@@ -488,7 +482,7 @@ class Broker:
             frames.extend(letter.frames)
             agent.bytes_out += letter.nbytes
             released.append(self._agents[j])
-            self._rewire_pending |= self._agents[j].gone  # a gone agent's last letter read: bypass it now
+            self._rewire_pending |= j in self._gone  # a gone agent's last letter read: bypass it now
         agent.collect = None
         agent.collects += 1
         agent.collect_wait_s += now - parked.since
@@ -507,7 +501,7 @@ class Broker:
                 "collects": a.collects, "bytes_in": a.bytes_in, "bytes_out": a.bytes_out,
                 "publish_wait_s": round(a.publish_wait_s, 6), "collect_wait_s": round(a.collect_wait_s, 6),
                 "waited_on": {j: round(s, 6) for j, s in dict(a.waited_on).items()},
-                "registrations": a.registrations, "gone": a.gone,
+                "registrations": a.registrations, "gone": a.rank in self._gone,
                 "parked": [k for k in ("publish", "collect") if getattr(a, k) is not None],
             }
         return {"mode": self.mode, "address": self.address, "n": self.topology.n,

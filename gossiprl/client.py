@@ -268,7 +268,7 @@ class GossipClient:
 def _refuse_non_finite(tensors: Mapping[str, Any]) -> None:
     """One diverged agent must not poison the swarm: refuse to send NaN or infinity at all."""
     for name, value in tensors.items():
-        if type(value).__module__.startswith("torch"):
+        if wire.is_torch(value):
             if value.is_floating_point() and not bool(sys.modules["torch"].isfinite(value).all()):
                 raise ValueError(f"tensor {name!r} holds NaN or infinity; refusing to publish it")
         else:

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .client import BrokerUnavailable, GossipClient, GossipTimeout
+from .wire import is_torch
 
 log = logging.getLogger("gossiprl.gossip")
 
@@ -29,10 +30,6 @@ class MixResult:
     consensus_distance: float
     """L2 distance between our parameters and the weighted mean of the letters mixed, before
     mixing; NaN when no letter was mixed."""
-
-
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch")
 
 
 def _named_tensors(params: Any) -> Mapping[str, Any]:
@@ -91,7 +88,7 @@ def mix(params: Any, msgs: Mapping[int, Mapping[str, np.ndarray]], weights: Mapp
     w_nbr = 1.0 - w_self
     sq_dist = 0.0
     for name, x in own.items():
-        if _is_torch(x):
+        if is_torch(x):
             acc = None
             for j, w in w_peers.items():
                 m = _as_torch(usable[j][name], x)
@@ -116,7 +113,7 @@ def load_tensors(target: Any, arrays: Mapping[str, np.ndarray]) -> None:
         if tuple(arrays[name].shape) != tuple(x.shape):
             raise ValueError(f"{name}: shape {tuple(arrays[name].shape)} != {tuple(x.shape)}")
     for name, x in own.items():
-        if _is_torch(x):
+        if is_torch(x):
             x.copy_(_as_torch(arrays[name], x))
         else:
             np.copyto(x, arrays[name], casting="unsafe")
@@ -178,12 +175,8 @@ class Gossip:
         letters were averaged (0: nothing usable came, ``params`` are left as they were).
         """
         msgs = self.client.collect()
-        own = {self.name: params}
-        usable = {j: m for j, m in msgs.items() if _valid_letter(m, own, self.check_finite)}
-        if usable:
-            mix(own, usable, {self.client.rank: 0.0, **{j: 1.0 for j in usable}}, self.client.rank,
-                check_finite=self.check_finite)
-        return len(usable)
+        weights = {self.client.rank: 0.0, **{j: 1.0 for j in msgs}}  # mix renormalises over the usable ones
+        return mix({self.name: params}, msgs, weights, self.client.rank, check_finite=self.check_finite).peers
 
     def close(self) -> None:
         self.client.close()

@@ -113,6 +113,11 @@ def encode(cmd: str, fields: Mapping[str, Any] | None = None, frames: Sequence =
     return [msgpack.packb(header, use_bin_type=True), *frames]
 
 
+def is_torch(x: Any) -> bool:
+    """A torch tensor, told by duck typing so this module never imports torch."""
+    return type(x).__module__.startswith("torch")
+
+
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns, round to nearest even; NaN stays NaN. In-place passes: this is hot."""
     bits = np.asarray(x, dtype=np.float32)
@@ -165,7 +170,7 @@ def pack_tensors(tensors: Mapping[str, Any], codec: str = "raw",
     for name, value in tensors.items():
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
             raise ValueError(f"tensor names must be strings of 1..{MAX_NAME_CHARS} characters, got {name!r}")
-        if type(value).__module__.startswith("torch"):
+        if is_torch(value):
             arr, wire, orig = _torch_to_numpy(value, codec, stager)
         else:
             arr = np.asarray(value)
