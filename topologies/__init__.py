@@ -27,7 +27,7 @@ from .diagnostics import MAX_DENSE_N, Diagnostics, check_size, diagnose, summary
 from .families import FAMILIES, metropolis_hastings, phone_book
 
 __all__ = ["MAX_DENSE_N", "NAMES", "Diagnostics", "Topology", "TopologyError", "from_dict", "from_matrix", "make",
-           "metropolis", "phone_book"]
+           "metropolis", "options", "phone_book"]
 
 NAMES = ("ring", "sparse", "full", *FAMILIES)
 _OPTIONS = {"ring": (), "sparse": ("peers", "time_varying"), "full": (),
@@ -266,15 +266,27 @@ class Topology:
 
 
 # ---------------------------------------------------------------------- constructors
+def options(name: str) -> tuple[str, ...]:
+    """The options :func:`make` accepts for ``name``."""
+    if name not in _OPTIONS:
+        raise TopologyError(f"unknown topology {name!r}; valid names: {', '.join(NAMES)}")
+    return _OPTIONS[name]
+
+
 def make(name: str, n: int, **options: Any) -> Topology:
     """Build a named topology.
 
     ``ring``: directed ring, i sends to (i + 1) % n (the paper's topology).
     ``sparse``: directed exponential graph, i sends to (i + 2**k) % n for k < ``peers``
     (default ceil(log2 n)), duplicates and self dropped; with ``time_varying=True`` it sends
-    to one of those per round, (i + 2**(t mod K)) % n, as GALA/SGP do, so the period K is the
-    number of distinct offsets (ceil(log2 n) by default).
+    to one of those per round, (i + 2**(t mod K)) % n, so the period K is the number of
+    distinct offsets (ceil(log2 n) by default).
     ``full``: everyone hears everyone, uniform 1/n.
+    ``gala-exponential``, ``bipartite-exponential``, ``bipartite-linear``, ``directed-linear``,
+    ``static-linear``: GALA's and SGP's graphs, ``peers_per_round`` entries of each rank's phone
+    book per round (see :mod:`topologies.families` and docs/topologies.md).
+    ``one-peer-exponential``, ``hypercube`` (``time_varying``), ``torus`` (``rows``),
+    ``random-regular`` (``degree``, ``seed``): the graphs later work found to mix best per byte.
     Weights are uniform over self and in-peers, the PALA update (x_i + sum m_j) / (1 + |N_in|).
     """
     if not isinstance(name, str) or name not in NAMES:

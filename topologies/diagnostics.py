@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import TopologyError
 
-MAX_DENSE_N = 1024        # the most agents whose n x n products and SVDs are computed (seconds at 1024)
+MAX_DENSE_N = 256         # the most agents whose n x n products and SVDs are computed (~3 s at 256, 20 s at 512)
 _EXACT = 1e-9             # ||W - J|| below this is float noise: the period averages exactly
 _MAX_DOUBLINGS = 62       # 2^62 periods without reaching the target: it never converges
 
@@ -136,6 +136,7 @@ def summary_lines(d: Diagnostics) -> list[str]:
     if d.rounds_to_target is None:
         lines.append(f"disagreement never shrinks {d.shrink:g}x")
     else:
-        lines.append(f"rounds to shrink the worst-case disagreement {d.shrink:g}x: {d.rounds_to_target}"
-                     f" (~{math.ceil(d.rounds_to_target / d.period)} period{'s' if d.period > 1 else ''})")
+        periods = math.ceil(d.rounds_to_target / d.period)
+        within = f" ({periods} period{'s' if periods > 1 else ''})" if d.period > 1 else ""
+        lines.append(f"rounds to shrink the worst-case disagreement {d.shrink:g}x: {d.rounds_to_target}{within}")
     return lines
