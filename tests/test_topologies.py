@@ -714,3 +714,50 @@ def test_large_swarms_refuse_dense_diagnostics_in_one_line():
         t.diagnostics()
     text = t.describe()
     assert "diagnostics skipped" in text and f"ranks 8-{n - 3} not shown" in text and len(text.splitlines()) < 30
+
+
+def test_sparse_time_varying_is_the_one_peer_exponential_graph():
+    for n in (3, 8, 12):
+        assert make("sparse", n, time_varying=True).digest() == make("one-peer-exponential", n).digest()
+
+
+# --------------------------------------------------------------------------- the topology CLI and the docs
+def cli(*args):
+    from click.testing import CliRunner
+
+    from gossiprl.cli import main
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_cli_show_builds_every_family_with_its_options(tmp_path):
+    pytest.importorskip("matplotlib")
+    result = cli("topology", "show", "gala-exponential", "-n", "8", "--peers-per-round", "2", "--plot", tmp_path / "g.png")
+    assert result.exit_code == 0, result.output
+    assert "period 5" in result.output and "rank 0: in 1, 7 | out 1, 7" in result.output and "rank 0: in 4, 7 | out 1, 4" in result.output
+    assert "contraction per period (5 rounds)" in result.output and "rounds to shrink" in result.output
+    assert (tmp_path / "g.png").read_bytes().startswith(b"\x89PNG")
+    result = cli("topology", "show", "random-regular", "-n", "12", "--option", "degree=4", "--option", "seed=2")
+    assert result.exit_code == 0 and "options: degree=4, seed=2" in result.output
+    for args, words in [(["torus", "-n", "12", "--option", "deg=1"], "unknown option 'deg'"),
+                        (["torus", "-n", "12", "--option", "rows"], "KEY=INTEGER"),
+                        (["bipartite-linear", "-n", "7"], "even number of agents"),
+                        (["sparse", "-n", "10000"], "more than `topology show` builds (4096")]:
+        result = cli("topology", "show", *args)
+        assert result.exit_code == 2 and words in result.output, result.output
+
+
+def test_docs_tables_are_what_the_command_prints():
+    doc = (Path(__file__).parents[1] / "docs" / "topologies.md").read_text()
+    for marker, args in [("k=1", []), ("k=2", ["--peers-per-round", "2"])]:
+        block = doc.split(f"<!-- table {marker} -->\n")[1].split("\n<!-- end -->")[0].splitlines()
+        printed = cli("topology", "table", *args).output.splitlines()
+        assert block[:2] == printed[:2] and set(block) <= set(printed) and len(block) > 10
+
+
+def test_draw_rounds_draws_one_panel_per_round(tmp_path):
+    pytest.importorskip("matplotlib")
+    from gossiprl.draw import draw_rounds
+    draw_rounds(make("bipartite-exponential", 8), tmp_path / "b.png")
+    assert (tmp_path / "b.png").read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(TopologyError, match="at most 64"):
+        draw_rounds(make("ring", 65), tmp_path / "r.png")

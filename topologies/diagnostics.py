@@ -113,7 +113,7 @@ def table(make, names: list[str], sizes: list[int], shrink: float = 100.0) -> st
                 continue
             d = diagnose([topology.at(r).matrix for r in range(topology.period)], shrink)
             rounds = "never" if d.rounds_to_target is None else str(d.rounds_to_target)
-            lines.append(f"| {name} | {n} | {d.period} | {d.letters_per_round:g} | {d.contraction:.4f} | "
+            lines.append(f"| {name} | {n} | {d.period} | {d.letters_per_round:g} | {d.contraction:.4g} | "
                          f"{rounds} | {'yes' if d.exact else 'no'} |")
     return "\n".join(lines)
 
