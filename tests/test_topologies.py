@@ -185,6 +185,18 @@ def test_time_varying_sparse_sends_to_one_peer_per_round(n):
     assert t.matrix is t.at(0).matrix
 
 
+@pytest.mark.parametrize("t", [make("gala-exponential", 8), make("bipartite-exponential", 8),
+                               make("one-peer-exponential", 8)], ids=repr)
+def test_new_time_varying_families_survive_a_departure(t):
+    survivors = t.without([3])
+    assert survivors.period == t.period
+    for r in range(t.period):
+        assert survivors.in_peers(3, r) == () and all(3 not in survivors.in_peers(i, r) for i in range(8))
+        np.testing.assert_allclose(survivors.at(r).matrix.sum(axis=1), 1.0)
+    assert hears_everyone([survivors.at(r).matrix[np.ix_([0, 1, 2, 4, 5, 6, 7], [0, 1, 2, 4, 5, 6, 7])]
+                           for r in range(t.period)])
+
+
 def test_time_varying_round_graph_alone_need_not_be_connected():
     t = make("sparse", 4, time_varying=True)
     assert not hears_everyone([t.at(1).matrix])   # i -> i + 2: two separate pairs
@@ -422,7 +434,10 @@ def test_digest_ignores_negative_zero_and_tiny_noise():
 
 ALL = [make("ring", 1), make("ring", 6), make("full", 4), make("sparse", 9), make("sparse", 9, peers=2),
        make("sparse", 9, time_varying=True), make("sparse", 9, time_varying=True).at(2),
-       from_matrix(random_strongly_connected(np.random.default_rng(4), 5))]
+       from_matrix(random_strongly_connected(np.random.default_rng(4), 5)),
+       make("gala-exponential", 8, peers_per_round=2), make("bipartite-linear", 6).at(1),
+       make("random-regular", 10, degree=3, seed=4), make("torus", 12, rows=3), make("hypercube", 8, time_varying=True),
+       topologies.metropolis(np.ones((3, 3)))]
 
 
 @pytest.mark.parametrize("t", ALL, ids=repr)
