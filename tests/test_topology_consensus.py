@@ -88,3 +88,17 @@ def test_gala_exponential_contracts_as_diagnosed(n, periods):
         assert ratio < 1e-12
     else:   # the bound is tight: with 100k random columns the slowest mode is excited and shows
         assert ratio >= 0.5 * d.contraction ** periods
+
+
+@pytest.mark.parametrize("name, n, options", [
+    *[(name, 6, {}) for name in topologies.NAMES if name != "hypercube"],
+    ("hypercube", 8, {"time_varying": True}),
+    ("gala-exponential", 6, {"peers_per_round": 3}),
+    ("random-regular", 8, {"degree": 3, "seed": 1}),
+])
+def test_every_family_mixes_through_the_broker_as_its_matrices_say(name, n, options):
+    topology = topologies.make(name, n, **options)
+    rounds = topology.period + 2                  # a whole period and into the next one
+    x0 = np.random.default_rng(1).normal(size=(n, 1000))
+    x = gossip_through_broker(topology, x0, rounds)
+    np.testing.assert_allclose(x, product(topology, rounds) @ x0, rtol=0, atol=1e-12)
