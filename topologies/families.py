@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,13 @@ def _forward_backward(n: int, offsets, passive_backward_first: bool) -> list[lis
 
 def phone_book(name: str, n: int) -> list[list[int]]:
     """Each rank's ordered out-peer list in GALA's/SGP's graph ``name`` (see docs/topologies.md)."""
+    if name not in PHONE_BOOK_FAMILIES:
+        raise TopologyError(f"{name!r} has no phone book; these do: {', '.join(PHONE_BOOK_FAMILIES)}")
+    n = _integer(n, "n")
+    if n < 1:
+        raise TopologyError(f"n must be >= 1 (the number of agents), got {n}")
+    if name.startswith("bipartite") and n % 2:
+        raise TopologyError(f"{name} needs an even number of agents (even ranks only talk to odd ones), got n={n}")
     if n == 1:
         return [[]]
     top = _log2_floor(n - 1)
@@ -58,9 +66,7 @@ def phone_book(name: str, n: int) -> list[list[int]]:
         return _forward_backward(n, [1] + [1 + 2 ** i for i in range(1, top + 1)], True)
     if name in ("directed-linear", "static-linear"):   # DynamicDirectedLinearGraph: odd offsets
         return _forward_backward(n, range(1, n, 2), False)
-    if name == "bipartite-linear":          # DynamicBipartiteLinearGraph: every offset that changes parity
-        return _forward_backward(n, range(1, n, 2), True)
-    raise TopologyError(f"{name!r} has no phone book")
+    return _forward_backward(n, range(1, n, 2), True)   # DynamicBipartiteLinearGraph: offsets changing parity
 
 
 def _from_adjacency(sends: np.ndarray) -> np.ndarray:
@@ -71,8 +77,6 @@ def _from_adjacency(sends: np.ndarray) -> np.ndarray:
 
 
 def _phone_book_rounds(name: str, n: int, options: Mapping[str, Any]) -> tuple[list[np.ndarray], dict]:
-    if name.startswith("bipartite") and n % 2:
-        raise TopologyError(f"{name} needs an even number of agents (even ranks only talk to odd ones), got n={n}")
     book = phone_book(name, n)
     size = len(book[0])
     normalized = {}
@@ -212,12 +216,10 @@ def metropolis_hastings(adjacency: np.ndarray) -> np.ndarray:
 
 
 Builder = Callable[[int, Mapping[str, Any]], "tuple[list[np.ndarray], dict]"]
+PHONE_BOOK_FAMILIES = ("gala-exponential", "bipartite-exponential", "bipartite-linear", "directed-linear",
+                       "static-linear")
 FAMILIES: dict[str, tuple[tuple[str, ...], Builder]] = {
-    "gala-exponential": (("peers_per_round",), lambda n, o: _phone_book_rounds("gala-exponential", n, o)),
-    "bipartite-exponential": (("peers_per_round",), lambda n, o: _phone_book_rounds("bipartite-exponential", n, o)),
-    "bipartite-linear": (("peers_per_round",), lambda n, o: _phone_book_rounds("bipartite-linear", n, o)),
-    "directed-linear": (("peers_per_round",), lambda n, o: _phone_book_rounds("directed-linear", n, o)),
-    "static-linear": (("peers_per_round",), lambda n, o: _phone_book_rounds("static-linear", n, o)),
+    **{name: (("peers_per_round",), partial(_phone_book_rounds, name)) for name in PHONE_BOOK_FAMILIES},
     "one-peer-exponential": ((), _one_peer_exponential),
     "hypercube": (("time_varying",), _hypercube),
     "torus": (("rows",), _torus),
