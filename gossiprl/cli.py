@@ -137,17 +137,75 @@ def topology():
 @click.argument("spec")
 @click.option("-n", "--agents", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--peers", type=click.IntRange(min=1), help="Out-peers per agent (sparse).")
-@click.option("--time-varying", is_flag=True, help="Sparse: one rotating peer per round.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw the graph to this PNG.")
-def topology_show(spec, agents, peers, time_varying, plot_path):
+@click.option("--time-varying", is_flag=True, help="sparse, hypercube: one rotating peer per round.")
+@click.option("--peers-per-round", type=click.IntRange(min=1),
+              help="GALA/SGP families: phone-book entries used per round (their peers_per_itr; default 1).")
+@click.option("--option", "extra", multiple=True, metavar="KEY=VALUE",
+              help="Any other integer option of the family, e.g. degree=4, seed=1 (random-regular), rows=2 (torus).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw each round's edges to this PNG.")
+def topology_show(spec, agents, peers, time_varying, peers_per_round, extra, plot_path):
     """Print a topology's mixing matrix, peers, and how fast it reaches consensus."""
-    topo = load_topology(spec, None if Path(spec).is_file() else agents, peers, time_varying)
-    click.echo(topo.describe())
-    if plot_path:
-        from .draw import draw_topology
+    if spec not in topologies.NAMES:
+        topo = load_topology(spec, None if Path(spec).is_file() else agents, peers, time_varying)
+    else:
+        if agents > MAX_SHOWN_AGENTS:
+            raise click.BadParameter(f"{agents} agents is more than `topology show` builds ({MAX_SHOWN_AGENTS}: its "
+                                     "matrices are dense n x n); query such a swarm with topologies.make() in Python",
+                                     param_hint="-n")
+        topo = _named_topology(spec, agents, peers, time_varying, peers_per_round, extra)
+    try:
+        click.echo(topo.describe())
+        if plot_path:
+            from .draw import draw_rounds
 
-        draw_topology(topo, plot_path)
-        click.echo(f"graph drawn to {plot_path}")
+            draw_rounds(topo, plot_path)
+            click.echo(f"each round's edges drawn to {plot_path}")
+    except topologies.TopologyError as err:
+        raise click.ClickException(str(err)) from None
+
+
+@topology.command("table")
+@click.option("--sizes", default="8,16,64", show_default=True, help="Comma-separated swarm sizes.")
+@click.option("--peers-per-round", type=click.IntRange(min=1), default=1, show_default=True,
+              help="For the GALA/SGP families.")
+def topology_table(sizes, peers_per_round):
+    """A Markdown table of every named family: letters per round, contraction per period, rounds to 1%."""
+    from topologies.diagnostics import table
+
+    try:
+        ns = [int(s) for s in sizes.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{sizes!r}: give sizes as integers separated by commas, e.g. 8,16,64",
+                                 param_hint="--sizes") from None
+
+    def build(name, n):
+        options = {"peers_per_round": peers_per_round} if "peers_per_round" in topologies.options(name) else {}
+        return topologies.make(name, n, **options)
+
+    click.echo(table(build, list(topologies.NAMES), ns))
+
+
+MAX_SHOWN_AGENTS = 4096
+
+
+def _named_topology(name, n, peers, time_varying, peers_per_round, extra):
+    """`topology show`'s flags -> make(); every option it was not given is left to the family's default."""
+    options = {}
+    if peers is not None:
+        options["peers"] = peers
+    if time_varying:
+        options["time_varying"] = True
+    if peers_per_round is not None:
+        options["peers_per_round"] = peers_per_round
+    for item in extra:
+        key, sep, value = item.partition("=")
+        if not sep or not value.lstrip("-").isdigit():
+            raise click.BadParameter(f"{item!r}: give KEY=INTEGER, e.g. degree=4", param_hint="--option")
+        options[key.replace("-", "_")] = int(value)
+    try:
+        return topologies.make(name, n, **options)
+    except topologies.TopologyError as err:
+        raise click.BadParameter(str(err), param_hint="SPEC") from None
 
 
 # ------------------------------------------------------------------ bench

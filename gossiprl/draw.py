@@ -187,3 +187,64 @@ def _run_label(run_dir: Path, agents_logged: int) -> str:
         if swarm.get("mode"):
             parts.append(swarm["mode"])
     return f"{name} ({', '.join(parts)})"
+
+
+def draw_rounds(topology, path: str | os.PathLike, max_rounds: int = 12) -> None:
+    """Save a PNG with one panel per gossip round: agents on a circle, an arrow j -> i wherever
+    i mixes in j in that round.
+
+    One panel per round rather than the union (``draw_topology``) because a time-varying
+    graph's rounds are what the agents actually do: one letter each, never a connected graph
+    on their own, and only the period as a whole mixes. The headline gives the diagnostics
+    that judge the whole period. Up to 64 agents and ``max_rounds`` rounds are drawn.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    import topologies
+
+    n, period = topology.n, topology.period
+    if n > 64:
+        raise topologies.TopologyError(f"too many agents to draw ({n}; at most 64 are legible)")
+    shown = min(period, max_rounds)
+    cols = shown if shown <= 6 else 4
+    rows = math.ceil(shown / cols)
+    fig = Figure(figsize=(max(6.5, 3.2 * cols), 3.4 * rows + 0.8))
+    FigureCanvasAgg(fig)
+    pos = np.array([(math.sin(2 * math.pi * k / n), math.cos(2 * math.pi * k / n)) for k in range(n)])
+    node_size = max(20.0, 260.0 * min(1.0, 16.0 / n))
+    gap = math.sqrt(node_size) / 2 + 1
+    for t in range(shown):
+        ax = fig.add_subplot(rows, cols, t + 1)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.set_xlim(-1.25, 1.25)
+        ax.set_ylim(-1.25, 1.25)
+        view = topology.at(t)
+        for i in range(n):
+            for j in view.in_peers(i):
+                ax.annotate("", xy=pos[i], xytext=pos[j], zorder=1,
+                            arrowprops=dict(arrowstyle="-|>", color=f"C{t % 10}", lw=0.9 if n <= 16 else 0.5,
+                                            shrinkA=gap, shrinkB=gap, mutation_scale=9 if n <= 16 else 5,
+                                            connectionstyle="arc3,rad=0.12"))
+        ax.scatter(pos[:, 0], pos[:, 1], s=node_size, c="white", edgecolors="black", zorder=2)
+        if n <= 16:
+            for k, (x, y) in enumerate(pos):
+                ax.text(x, y, str(k), fontsize=7, ha="center", va="center", zorder=3)
+        letters = sum(len(view.out_peers(i)) for i in range(n)) / n
+        ax.set_title(f"round t % {period} == {t}: {letters:g} letter{'s' if letters != 1 else ''}/agent",
+                     fontsize=9)
+    title = f"{topology.name}: n={n}, period {period}"
+    if n <= topologies.MAX_DENSE_N:
+        d = topology.diagnostics()
+        title += f"\ncontraction/period {d.contraction:.3f}, " + (
+            "exact average after one period" if d.exact else
+            f"{d.rounds_to_target} rounds to 1% disagreement" if d.rounds_to_target else "never converges")
+    if shown < period:
+        title += f" (first {shown} rounds)"
+    fig.suptitle(title, fontsize=11)
+    height = fig.get_figheight()
+    fig.subplots_adjust(top=1 - 0.9 / height, bottom=0.3 / height, hspace=0.3)
+    fig.text(0.5, 0.01, "arrow j \u2192 i: agent i mixes in agent j's parameters", ha="center", fontsize=8,
+             color="dimgray")
+    fig.savefig(path, format="png", dpi=110)

@@ -30,6 +30,19 @@ def kinds(max_n: int = 40):
         st.builds(lambda n, tv: make("sparse", n, time_varying=tv), n, st.booleans()),
         st.integers(2, max_n).flatmap(lambda n: st.builds(
             lambda p, tv: make("sparse", n, peers=p, time_varying=tv), st.integers(1, n - 1), st.booleans())),
+        st.builds(lambda name, n, k: make(name, n, peers_per_round=min(k, len(topologies.phone_book(name, n)[0]))),
+                  st.sampled_from(["gala-exponential", "directed-linear", "static-linear"]), st.integers(2, max_n),
+                  st.integers(1, 4)),
+        st.builds(lambda name, half, k: make(name, 2 * half,
+                                             peers_per_round=min(k, len(topologies.phone_book(name, 2 * half)[0]))),
+                  st.sampled_from(["bipartite-exponential", "bipartite-linear"]), st.integers(1, max_n // 2),
+                  st.integers(1, 3)),
+        st.builds(lambda n: make("one-peer-exponential", n), n),
+        st.builds(lambda n: make("torus", n), n),
+        st.builds(lambda b, tv: make("hypercube", 2 ** b, time_varying=tv), st.integers(0, 5), st.booleans()),
+        st.integers(5, max_n).flatmap(lambda n: st.builds(
+            lambda d, seed: make("random-regular", n, degree=d, seed=seed),
+            st.sampled_from([d for d in (2, 3, 4) if n * d % 2 == 0]), st.integers(0, 3))),
     )
 
 
@@ -170,6 +183,18 @@ def test_time_varying_sparse_sends_to_one_peer_per_round(n):
             assert len(view.in_peers(i)) == 1
     assert hears_everyone([v.matrix for v in rounds_of(t)])
     assert t.matrix is t.at(0).matrix
+
+
+@pytest.mark.parametrize("t", [make("gala-exponential", 8), make("bipartite-exponential", 8),
+                               make("one-peer-exponential", 8)], ids=repr)
+def test_new_time_varying_families_survive_a_departure(t):
+    survivors = t.without([3])
+    assert survivors.period == t.period
+    for r in range(t.period):
+        assert survivors.in_peers(3, r) == () and all(3 not in survivors.in_peers(i, r) for i in range(8))
+        np.testing.assert_allclose(survivors.at(r).matrix.sum(axis=1), 1.0)
+    assert hears_everyone([survivors.at(r).matrix[np.ix_([0, 1, 2, 4, 5, 6, 7], [0, 1, 2, 4, 5, 6, 7])]
+                           for r in range(t.period)])
 
 
 def test_time_varying_round_graph_alone_need_not_be_connected():
@@ -409,7 +434,10 @@ def test_digest_ignores_negative_zero_and_tiny_noise():
 
 ALL = [make("ring", 1), make("ring", 6), make("full", 4), make("sparse", 9), make("sparse", 9, peers=2),
        make("sparse", 9, time_varying=True), make("sparse", 9, time_varying=True).at(2),
-       from_matrix(random_strongly_connected(np.random.default_rng(4), 5))]
+       from_matrix(random_strongly_connected(np.random.default_rng(4), 5)),
+       make("gala-exponential", 8, peers_per_round=2), make("bipartite-linear", 6).at(1),
+       make("random-regular", 10, degree=3, seed=4), make("torus", 12, rows=3), make("hypercube", 8, time_varying=True),
+       topologies.metropolis(np.ones((3, 3)))]
 
 
 @pytest.mark.parametrize("t", ALL, ids=repr)
@@ -501,3 +529,250 @@ def test_draw_topology_writes_a_png(tmp_path, t):
     draw_topology(t, path)
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 1000
+
+
+# --------------------------------------------------------------------------- GALA's and SGP's families
+# Phone books worked out by hand from graph_manager.py of GALA/SGP (facebookresearch/stochastic_gradient_push,
+# gossip/graph_manager.py and GALA's copy of it): offsets, forward peer before backward peer, passive (even) ranks
+# of the bipartite graphs backward first, duplicates and self dropped. Rank 0 of 8 is the issue's anchor.
+BOOKS = {
+    "gala-exponential": {            # offsets 2^i, i = 0..floor(log2(n - 1))
+        4: {0: [1, 3, 2], 1: [2, 0, 3]},
+        8: {0: [1, 7, 2, 6, 4], 3: [4, 2, 5, 1, 7]},
+        16: {0: [1, 15, 2, 14, 4, 12, 8], 5: [6, 4, 7, 3, 9, 1, 13]},
+    },
+    "bipartite-exponential": {       # offsets 1 and 1 + 2^i (i >= 1)
+        4: {0: [3, 1], 1: [2, 0]},
+        8: {0: [7, 1, 5, 3], 1: [2, 0, 4, 6]},
+        16: {0: [15, 1, 13, 3, 11, 5, 7, 9], 1: [2, 0, 4, 14, 6, 12, 10, 8]},
+    },
+    "bipartite-linear": {            # every odd offset
+        4: {0: [3, 1], 1: [2, 0]},
+        8: {0: [7, 1, 5, 3], 1: [2, 0, 4, 6]},
+        16: {0: [15, 1, 13, 3, 11, 5, 9, 7], 1: [2, 0, 4, 14, 6, 12, 8, 10]},
+    },
+    "directed-linear": {             # every odd offset, forward first for every rank
+        4: {0: [1, 3], 1: [2, 0]},
+        8: {0: [1, 7, 3, 5], 2: [3, 1, 5, 7]},
+        16: {0: [1, 15, 3, 13, 5, 11, 7, 9], 1: [2, 0, 4, 14, 6, 12, 8, 10]},
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOOKS))
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_phone_books_match_gala_and_sgp(name, n):
+    book = topologies.phone_book(name, n)
+    for rank, peers in BOOKS[name][n].items():
+        assert book[rank] == peers
+    assert len({len(peers) for peers in book}) == 1
+
+
+@pytest.mark.parametrize("name", sorted(BOOKS))
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_one_peer_per_round_walks_the_phone_book_in_order(name, n):
+    t = make(name, n)
+    for rank, peers in BOOKS[name][n].items():
+        assert t.period == len(peers)
+        assert [t.out_peers(rank, r) for r in range(2 * len(peers))] == [(p,) for p in peers * 2]
+        for r, p in enumerate(peers):   # a permutation per round: whoever sends to p, p hears only from it
+            assert t.in_peers(p, r) == (rank,) and t.weights(p, r) == {**{rank: 0.5}, p: 0.5}
+
+
+def test_peers_per_round_moves_the_window_by_k_entries():
+    t = make("gala-exponential", 8, peers_per_round=2)      # book [1, 7, 2, 6, 4], windows of 2, step 2
+    assert t.period == 5
+    assert [t.out_peers(0, r) for r in range(6)] == [(1, 7), (2, 6), (1, 4), (2, 7), (4, 6), (1, 7)]
+    assert all(len(t.in_peers(i, r)) == 2 for i in range(8) for r in range(5))
+    assert make("directed-linear", 8, peers_per_round=2).period == 2
+    assert make("gala-exponential", 8, peers_per_round=5).period == 1
+
+
+def test_static_linear_keeps_the_first_k_entries():
+    assert make("static-linear", 8).out_peers(0) == (1,) and make("static-linear", 8).period == 1
+    assert make("static-linear", 8).digest() == make("ring", 8).digest()
+    assert make("static-linear", 8, peers_per_round=2).out_peers(0) == (1, 7)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: make("bipartite-exponential", 7), ["even number of agents", "n=7"]),
+    (lambda: make("gala-exponential", 8, peers_per_round=6), ["peers_per_round must be from 1 to 5", "got 6"]),
+    (lambda: make("gala-exponential", 8, peers=2), ["unknown option 'peers'", "peers_per_round"]),
+    (lambda: make("hypercube", 6), ["power of two", "n=6"]),
+    (lambda: make("torus", 12, rows=5), ["rows must divide n=12", "1, 2, 3, 4, 6, 12"]),
+    (lambda: make("random-regular", 5, degree=3), ["n * degree even"]),
+    (lambda: make("random-regular", 5, degree=5), ["degree must be from 1 to 4"]),
+    (lambda: topologies.metropolis([[0, 1], [0, 0]]), ["undirected", "between 0 and 1"]),
+])
+def test_family_errors_say_what_is_valid(call, words):
+    with pytest.raises(TopologyError) as info:
+        call()
+    assert "\n" not in str(info.value)
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+# --------------------------------------------------------------------------- the graphs later work found best
+@pytest.mark.parametrize("n", [2, 3, 6, 8, 16, 33])
+def test_one_peer_exponential_sends_to_i_plus_two_to_the_t(n):
+    t = make("one-peer-exponential", n)
+    tau = math.ceil(math.log2(n))
+    assert t.period == tau
+    for r in range(2 * tau):
+        assert [t.out_peers(i, r) for i in range(n)] == [((i + 2 ** (r % tau)) % n,) for i in range(n)]
+        assert t.weights(0, r) == {0: 0.5, (-2 ** (r % tau)) % n: 0.5}
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 64])
+def test_one_peer_exponential_averages_exactly_in_log2_n_rounds(n):
+    x = np.random.default_rng(0).normal(size=(n, 3))
+    t = make("one-peer-exponential", n)
+    for r in range(int(math.log2(n))):
+        x = t.at(r).matrix @ x
+    np.testing.assert_allclose(x, np.broadcast_to(x.mean(axis=0), x.shape), atol=1e-12)
+    d = t.diagnostics()
+    assert d.exact and d.contraction == 0.0 and d.rounds_to_target == int(math.log2(n))
+
+
+def test_hypercube_and_its_one_dimension_per_round_schedule():
+    t = make("hypercube", 8)
+    assert [t.out_peers(i) for i in (0, 5)] == [(1, 2, 4), (1, 4, 7)] and t.weights(0)[0] == 0.25
+    tv = make("hypercube", 8, time_varying=True)
+    assert [tv.out_peers(5, r) for r in range(3)] == [(4,), (7,), (1,)]
+    assert tv.diagnostics().exact and not t.diagnostics().exact
+
+
+def test_torus_neighbours():
+    t = make("torus", 16)                                   # 4 x 4
+    assert t.out_peers(0) == (1, 3, 4, 12) and t.out_peers(5) == (1, 4, 6, 9)
+    assert make("torus", 8, rows=2).out_peers(0) == (1, 3, 4)    # 2 x 4: up and down are the same agent
+    assert make("torus", 7).digest() == from_matrix(make("torus", 7).matrix).digest()
+
+
+def test_random_regular_is_seeded_simple_connected_and_undirected():
+    t = make("random-regular", 20, degree=3, seed=7)
+    for i in range(20):
+        assert len(t.out_peers(i)) == 3 and t.out_peers(i) == t.in_peers(i)
+    assert hears_everyone([t.matrix])
+    assert make("random-regular", 20, degree=3, seed=7).digest() == t.digest()
+    assert len({make("random-regular", 20, degree=3, seed=s).digest() for s in range(5)}) > 1
+    assert from_dict(t.to_dict()).digest() == t.digest()
+
+
+def test_metropolis_hastings_makes_an_irregular_graph_doubly_stochastic():
+    star = np.zeros((5, 5))
+    star[0, 1:] = star[1:, 0] = 1
+    t = topologies.metropolis(star)
+    assert t.doubly_stochastic and t.weights(1) == {0: 0.2, 1: 0.8} and t.weights(0)[0] == pytest.approx(0.2)
+    uniform = star + np.eye(5)
+    assert not from_matrix(uniform / uniform.sum(axis=1, keepdims=True)).doubly_stochastic
+    x = np.arange(5.0)
+    for _ in range(300):
+        x = t.matrix @ x
+    np.testing.assert_allclose(x, 2.0)
+
+
+# --------------------------------------------------------------------------- diagnostics
+def brute_force_rounds(t: Topology, target: float = 0.01, cap: int = 5000):
+    """Step the product round by round: an independent check of the binary lifting in diagnose()."""
+    n = t.n
+    j = np.full((n, n), 1.0 / n)
+    phi = np.eye(n)
+    for m in range(1, cap):
+        phi = t.at(m - 1).matrix @ phi
+        if np.linalg.norm(phi - j, 2) <= target:
+            return m
+    return None
+
+
+@pytest.mark.parametrize("t", [make(name, n) for name in NAMES if name not in ("hypercube",) for n in (6, 8, 16)
+                               if not (name.startswith("bipartite") and n % 2)] + [make("hypercube", 16)], ids=repr)
+def test_rounds_to_one_percent_matches_stepping_the_product(t):
+    d = t.diagnostics()
+    assert d.rounds_to_target == brute_force_rounds(t)
+    w = np.linalg.multi_dot([t.at(r).matrix for r in reversed(range(t.period))]) if t.period > 1 else t.matrix
+    singular = np.linalg.svd(w, compute_uv=False)
+    assert d.contraction == pytest.approx(singular[1] if singular[1] > 1e-9 else 0.0, abs=1e-9)  # doubly stochastic
+
+
+@pytest.mark.parametrize("n", [4, 8, 13, 64])
+def test_ring_diagnostics_match_the_closed_form(n):
+    d = make("ring", n).diagnostics()
+    assert d.contraction == pytest.approx(math.cos(math.pi / n), abs=1e-9)
+    assert d.rounds_to_target == math.ceil(math.log(100) / -math.log(math.cos(math.pi / n)))
+    assert d.letters_per_round == 1 and not d.exact
+
+
+def test_gala_exponential_at_8_averages_exactly_after_its_period():
+    d = make("gala-exponential", 8).diagnostics()
+    assert d.period == 5 and d.exact and d.rounds_to_target == 5 and d.letters_per_round == 1
+
+
+def test_diagnostics_of_a_weighted_average_use_the_perron_projection():
+    p = random_strongly_connected(np.random.default_rng(5), 6)
+    d = from_matrix(p).diagnostics()
+    x0 = np.random.default_rng(6).normal(size=6)
+    x = x0
+    for _ in range(d.rounds_to_target):
+        x = p @ x
+    limit = np.linalg.matrix_power(p, 2000) @ x0
+    assert np.linalg.norm(x - limit) <= 0.01 * np.linalg.norm(x0 - limit) * (1 + 1e-9)   # (Phi - J) kills J x0
+    assert not d.exact
+
+
+def test_large_swarms_refuse_dense_diagnostics_in_one_line():
+    n = topologies.MAX_DENSE_N + 1
+    t = make("ring", n)
+    with pytest.raises(TopologyError, match=f"refused above n={n - 1}"):
+        t.slem
+    with pytest.raises(TopologyError, match=f"refused above n={n - 1}"):
+        t.diagnostics()
+    text = t.describe()
+    assert "diagnostics skipped" in text and f"ranks 8-{n - 3} not shown" in text and len(text.splitlines()) < 30
+
+
+def test_sparse_time_varying_is_the_one_peer_exponential_graph():
+    for n in (3, 8, 12):
+        assert make("sparse", n, time_varying=True).digest() == make("one-peer-exponential", n).digest()
+
+
+# --------------------------------------------------------------------------- the topology CLI and the docs
+def cli(*args):
+    from click.testing import CliRunner
+
+    from gossiprl.cli import main
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_cli_show_builds_every_family_with_its_options(tmp_path):
+    pytest.importorskip("matplotlib")
+    result = cli("topology", "show", "gala-exponential", "-n", "8", "--peers-per-round", "2", "--plot", tmp_path / "g.png")
+    assert result.exit_code == 0, result.output
+    assert "period 5" in result.output and "rank 0: in 1, 7 | out 1, 7" in result.output and "rank 0: in 4, 7 | out 1, 4" in result.output
+    assert "contraction per period (5 rounds)" in result.output and "rounds to shrink" in result.output
+    assert (tmp_path / "g.png").read_bytes().startswith(b"\x89PNG")
+    result = cli("topology", "show", "random-regular", "-n", "12", "--option", "degree=4", "--option", "seed=2")
+    assert result.exit_code == 0 and "options: degree=4, seed=2" in result.output
+    for args, words in [(["torus", "-n", "12", "--option", "deg=1"], "unknown option 'deg'"),
+                        (["torus", "-n", "12", "--option", "rows"], "KEY=INTEGER"),
+                        (["bipartite-linear", "-n", "7"], "even number of agents"),
+                        (["sparse", "-n", "10000"], "more than `topology show` builds (4096")]:
+        result = cli("topology", "show", *args)
+        assert result.exit_code == 2 and words in result.output, result.output
+
+
+def test_docs_tables_are_what_the_command_prints():
+    doc = (Path(__file__).parents[1] / "docs" / "topologies.md").read_text()
+    for marker, args in [("k=1", []), ("k=2", ["--peers-per-round", "2"])]:
+        block = doc.split(f"<!-- table {marker} -->\n")[1].split("\n<!-- end -->")[0].splitlines()
+        printed = cli("topology", "table", *args).output.splitlines()
+        assert block[:2] == printed[:2] and set(block) <= set(printed) and len(block) > 10
+
+
+def test_draw_rounds_draws_one_panel_per_round(tmp_path):
+    pytest.importorskip("matplotlib")
+    from gossiprl.draw import draw_rounds
+    draw_rounds(make("bipartite-exponential", 8), tmp_path / "b.png")
+    assert (tmp_path / "b.png").read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(TopologyError, match="at most 64"):
+        draw_rounds(make("ring", 65), tmp_path / "r.png")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -23,19 +22,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["NAMES", "Topology", "TopologyError", "from_dict", "from_matrix", "make"]
+from .errors import TopologyError, _integer
+from .diagnostics import MAX_DENSE_N, Diagnostics, check_size, diagnose, summary_lines
+from .families import FAMILIES, metropolis_hastings, phone_book
 
-NAMES = ("ring", "sparse", "full")
-_OPTIONS = {"ring": (), "sparse": ("peers", "time_varying"), "full": ()}
+__all__ = ["MAX_DENSE_N", "NAMES", "Diagnostics", "Topology", "TopologyError", "from_dict", "from_matrix", "make",
+           "metropolis", "options", "phone_book"]
+
+NAMES = ("ring", "sparse", "full", *FAMILIES)
+_OPTIONS = {"ring": (), "sparse": ("peers", "time_varying"), "full": (),
+            **{name: options for name, (options, _) in FAMILIES.items()}}
 _DICT_KEYS = ("name", "n", "options", "matrix", "digest")
 _ROW_SUM_ATOL = 1e-6
 _DIGEST_DECIMALS = 12
 _MAX_SHOWN = 16          # describe() prints the full matrix up to this many agents
+_MAX_PEER_LINES = 64     # ... and every rank's peers up to this many; the first and last few beyond
 _ZERO = 1e-12            # eigenvalue moduli below this are numerical noise, not slow modes
-
-
-class TopologyError(ValueError):
-    """Every invalid topology, option or matrix: one type to catch and a one-line message to show."""
 
 
 class Topology:
@@ -160,6 +162,7 @@ class Topology:
         SLEM is taken and converted back to a per-round factor with the 1/period root.
         """
         if self._slem is None:
+            check_size(self._n, "the spectrum (slem)")
             product = self._rounds[0]
             for p in self._rounds[1:]:
                 product = p @ product
@@ -169,6 +172,10 @@ class Topology:
     @property
     def spectral_gap(self) -> float:
         return 1.0 - self.slem
+
+    def diagnostics(self, shrink: float = 100.0) -> Diagnostics:
+        """Per-period contraction, rounds to shrink disagreement ``shrink``-fold, exact averaging."""
+        return diagnose(list(self._rounds), shrink)
 
     @property
     def doubly_stochastic(self) -> bool:
@@ -203,13 +210,19 @@ class Topology:
             if self.time_varying:
                 lines.append(f"round {r} (every round t with t % {self.period} == {r}):")
             lines += view._matrix_lines() + view._peer_lines()
-        per = " per round (from the product over one period)" if self.time_varying else ""
-        lines.append(f"slem {self.slem:.4f}, spectral gap {self.spectral_gap:.4f}{per}")
+        if self._n > MAX_DENSE_N:
+            lines.append(f"spectrum and consensus diagnostics skipped: they need dense n x n algebra, done up to "
+                         f"n={MAX_DENSE_N} agents")
+        else:
+            per = " per round (from the product over one period)" if self.time_varying else ""
+            lines.append(f"slem {self.slem:.4f}, spectral gap {self.spectral_gap:.4f}{per}")
+            lines += summary_lines(self.diagnostics())
         if self.doubly_stochastic:
             lines.append("doubly stochastic: yes (agents converge to the exact average)")
         else:
             lines.append("doubly stochastic: no (agents converge to a weighted average, not the plain mean)")
-        lines.append(self._interpretation())
+        if self._n <= MAX_DENSE_N:
+            lines.append(self._interpretation())
         return "\n".join(lines)
 
     def _headline(self) -> str:
@@ -228,10 +241,15 @@ class Topology:
         return ["  matrix (row i = the weights agent i gives to agent j; '.' = 0):", header, *rows]
 
     def _peer_lines(self) -> list[str]:
-        label = len(str(self._n - 1))
-        return ["  peers (in = hears from, out = sends to):"] + [
+        n = self._n
+        label = len(str(n - 1))
+        shown = range(n) if n <= _MAX_PEER_LINES else [*range(8), n - 2, n - 1]
+        lines = ["  peers (in = hears from, out = sends to):"] + [
             f"    rank {i:>{label}}: in {_ranges(self.in_peers(i)) or '-'} | out {_ranges(self.out_peers(i)) or '-'}"
-            for i in range(self._n)]
+            for i in shown]
+        if n > _MAX_PEER_LINES:
+            lines.insert(9, f"    ... ranks 8-{n - 3} not shown (more than {_MAX_PEER_LINES} agents)")
+        return lines
 
     def _interpretation(self) -> str:
         s = self.slem
@@ -248,15 +266,27 @@ class Topology:
 
 
 # ---------------------------------------------------------------------- constructors
+def options(name: str) -> tuple[str, ...]:
+    """The options :func:`make` accepts for ``name``."""
+    if name not in _OPTIONS:
+        raise TopologyError(f"unknown topology {name!r}; valid names: {', '.join(NAMES)}")
+    return _OPTIONS[name]
+
+
 def make(name: str, n: int, **options: Any) -> Topology:
     """Build a named topology.
 
     ``ring``: directed ring, i sends to (i + 1) % n (the paper's topology).
     ``sparse``: directed exponential graph, i sends to (i + 2**k) % n for k < ``peers``
     (default ceil(log2 n)), duplicates and self dropped; with ``time_varying=True`` it sends
-    to one of those per round, (i + 2**(t mod K)) % n, as GALA/SGP do, so the period K is the
-    number of distinct offsets (ceil(log2 n) by default).
+    to one of those per round, (i + 2**(t mod K)) % n, so the period K is the number of
+    distinct offsets (ceil(log2 n) by default).
     ``full``: everyone hears everyone, uniform 1/n.
+    ``gala-exponential``, ``bipartite-exponential``, ``bipartite-linear``, ``directed-linear``,
+    ``static-linear``: GALA's and SGP's graphs, ``peers_per_round`` entries of each rank's phone
+    book per round (see :mod:`topologies.families` and docs/topologies.md).
+    ``one-peer-exponential``, ``hypercube`` (``time_varying``), ``torus`` (``rows``),
+    ``random-regular`` (``degree``, ``seed``): the graphs later work found to mix best per byte.
     Weights are uniform over self and in-peers, the PALA update (x_i + sum m_j) / (1 + |N_in|).
     """
     if not isinstance(name, str) or name not in NAMES:
@@ -273,7 +303,10 @@ def make(name: str, n: int, **options: Any) -> Topology:
         return Topology._build(name, (_shift_matrix(n, _offsets(n, [1])),), {})
     if name == "full":
         return Topology._build(name, (_read_only(np.full((n, n), 1.0 / n)),), {})
-    return _sparse(n, options)
+    if name == "sparse":
+        return _sparse(n, options)
+    rounds, normalized = FAMILIES[name][1](n, options)
+    return _periodic(name, [_read_only(p) for p in rounds], normalized)
 
 
 def _sparse(n: int, options: Mapping[str, Any]) -> Topology:
@@ -295,9 +328,35 @@ def _sparse(n: int, options: Mapping[str, Any]) -> Topology:
     offsets = _offsets(n, [pow(2, k, n) for k in range(peers)])
     if not time_varying or len(offsets) <= 1:
         return Topology._build("sparse", (_shift_matrix(n, offsets),), normalized)
-    rounds = [_shift_matrix(n, [o]) for o in offsets]
-    views = [Topology._build(_round_name("sparse", r), (p,), normalized) for r, p in enumerate(rounds)]
-    return Topology._build("sparse", rounds, normalized, views)
+    return _periodic("sparse", [_shift_matrix(n, [o]) for o in offsets], normalized)
+
+
+def _periodic(name: str, rounds: Sequence[np.ndarray], options: Mapping[str, Any]) -> Topology:
+    """A topology cycling through ``rounds``; one round is a static topology."""
+    if len(rounds) == 1:
+        return Topology._build(name, rounds, options)
+    views = [Topology._build(_round_name(name, r), (p,), options) for r, p in enumerate(rounds)]
+    return Topology._build(name, rounds, options, views)
+
+
+def metropolis(source: Any) -> Topology:
+    """A static topology with Metropolis-Hastings weights on an undirected graph of your own.
+
+    ``source`` is an adjacency matrix (array-like, .npy or .csv; nonzero off the diagonal =
+    edge, which must go both ways). The weights are doubly stochastic whatever the degrees,
+    so consensus is on the exact mean; uniform weights would favour the best-connected agents.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        source = _load(Path(source))
+    try:
+        adjacency = np.asarray(source, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TopologyError(f"adjacency must be a square 2-D array of numbers: {exc}") from exc
+    if adjacency.ndim != 2 or adjacency.shape[0] != adjacency.shape[1] or adjacency.shape[0] < 1:
+        raise TopologyError(f"adjacency must be a non-empty square 2-D array (n x n), got shape {adjacency.shape}")
+    p = _checked_matrix(metropolis_hastings(adjacency))
+    _check_strongly_connected([p])
+    return Topology._build("metropolis", (p,), {})
 
 
 def from_matrix(source: Any) -> Topology:
@@ -381,16 +440,6 @@ def _check_same_matrix(given: Any, topology: Topology) -> None:
     if m.shape != topology.matrix.shape or not np.allclose(m, topology.matrix, rtol=0.0, atol=1e-9):
         raise TopologyError(f"the dict's 'matrix' does not match {topology.name!r} with n={topology.n} and "
                             "its options; fix it or drop it (named topologies are rebuilt from name, n, options)")
-
-
-def _integer(value: Any, what: str) -> int:
-    """Accept any int-like (numpy ints from configs included) but not bools or floats, which hide typos."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TopologyError(f"{what} must be an integer, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TopologyError(f"{what} must be an integer, got {value!r}") from None
 
 
 def _offsets(n: int, offsets: Iterable[int]) -> list[int]:
