@@ -45,6 +45,12 @@ class AgentConfig:
     """Atari repeat_action_probability (0 as in the papers)."""
     gossip_every: int = 1
     """Exchange parameters after every this many updates (1 = after every step, as PALA)."""
+    aggregate: str = "mean"
+    """How letters are mixed in: 'mean' (the mixing matrix's weights, PALA), or the robust
+    'trimmed-mean' / 'median' over our parameters and the letters (gossiprl.gossip.mix)."""
+    deviation_bound: float | None = 10.0
+    """Drop a letter farther from our parameters than this many times the recent distances
+    (gossiprl.gossip.DeviationBound); None turns the bound off."""
     log_every: int = 100
     """Updates between rows of metrics.csv / TensorBoard points."""
     checkpoint_every: int = 1000

@@ -181,6 +181,25 @@ def bench_comms(agents, params, rounds, transport, json_path):
         click.echo(f"figures written to {json_path}")
 
 
+@bench.command("mix")
+@click.option("--params", type=click.IntRange(min=1), default=1_687_719, show_default=True,
+              help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).")
+@click.option("--reps", type=click.IntRange(min=1), default=50, show_default=True)
+def bench_mix(params, reps):
+    """Mixing one letter in against a plain axpy over the same bytes, timed alternately in one run."""
+    from . import bench_comms as bc
+
+    rows = [("numpy array", bc.measure_mix(params, reps))]
+    try:
+        rows.append(("torch CPU tensor", bc.measure_mix(params, reps, torch_tensor=True)))
+    except ImportError:
+        pass
+    click.echo(f"{params:,} float32 = {params * 4 / 1e6:.2f} MB, median of {reps}")
+    for label, r in rows:
+        click.echo(f"  mix ({label}) {r['mix_ms']:.3f} ms, axpy (x += m; x *= 0.5) {r['axpy_ms']:.3f} ms: "
+                   f"{r['ratio']:.2f}x (target <= 2x)")
+
+
 @bench.command("train")
 @click.option("--env", "env_id", default="ALE/Pong-v5", show_default=True)
 @click.option("--agents", "-n", type=click.IntRange(min=1), default=2, show_default=True)
@@ -234,6 +253,12 @@ def agent_options(fn):
                      help="Atari repeat_action_probability."),
         click.option("--gossip-every", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Gossip after every k-th update."),
+        click.option("--aggregate", type=click.Choice(["mean", "trimmed-mean", "median"]), default="mean",
+                     show_default=True, help="mean: the mixing matrix's weights (PALA); trimmed-mean / median: "
+                     "coordinate-wise over own parameters and letters, robust to a poisoned peer."),
+        click.option("--deviation-bound", type=click.FloatRange(min=0), default=10.0, show_default=True,
+                     help="Drop a letter farther from own parameters than this many times the recent "
+                          "distances (counted in gossip/dropped); 0 turns it off."),
         click.option("--log-every", type=click.IntRange(min=1), default=100, show_default=True, help="Updates per metrics row."),
         click.option("--checkpoint-every", type=click.IntRange(min=1), default=1000, show_default=True,
                      help="Updates per checkpoint (one is always written at the end)."),
@@ -258,7 +283,17 @@ def make_agent_config(kw: dict, agents: int):
     return AgentConfig(env_id=kw["env_id"], total_frames=max(1, kw["total_frames"] // agents), seed=kw["seed"],
                        agents=agents, device=kw["device"], torch_threads=kw["torch_threads"],
                        sticky_actions=kw["sticky_actions"], gossip_every=kw["gossip_every"],
+                       aggregate=kw["aggregate"], deviation_bound=_deviation_bound(kw["deviation_bound"]),
                        log_every=kw["log_every"], checkpoint_every=kw["checkpoint_every"], a2c=a2c)
+
+
+def _deviation_bound(factor: float) -> float | None:
+    if factor == 0:
+        return None
+    if factor <= 1:
+        raise click.BadParameter(f"{factor:g}: give a factor > 1, or 0 to turn the bound off",
+                                 param_hint="--deviation-bound")
+    return factor
 
 
 def check_env(env_id: str):

@@ -142,7 +142,7 @@ def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout,
         if address is not None:
             client = GossipClient(address, rank, n=n, timeout=gossip_timeout, codec=codec,
                                   heartbeat=LOCAL_HEARTBEAT_S, takeover=resume)
-            gossip = Gossip(client)
+            gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
         summary = train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
                         progress=lambda report: reports.put(("progress", rank, report)))
         reports.put(("done", rank, summary))
@@ -343,7 +343,7 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
             if time.monotonic() > deadline:
                 raise RunError(f"no broker answered at {address} within {connect_timeout:g}s: {err}") from None
             echo(f"agent-{rank}: waiting for the broker ({err})")
-    gossip = Gossip(client)
+    gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
     try:
         return train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop)
     finally:
