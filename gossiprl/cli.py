@@ -395,6 +395,7 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
 
     --total-frames is this agent's own budget here."""
     from . import launch
+    from .agent import CheckpointError
     from .keys import client_options
 
     if (curve_secret is None) != (curve_broker is None):
@@ -420,7 +421,7 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
     try:
         summary = launch.run_agent(connect, rank, cfg, run_dir, resume=kw["resume"], codec=kw["codec"],
                                    stop=stop, echo=click.echo, curve=curve)
-    except (launch.RunError, FileNotFoundError) as err:
+    except (launch.RunError, FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
     click.echo(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))
 
@@ -433,11 +434,12 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def eval_cmd(run_dir, episodes, greedy, device, as_json):
     """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
+    from .agent import CheckpointError
     from .evaluate import evaluate
 
     try:
         result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
     if as_json:
         click.echo(json.dumps(result, indent=2))

@@ -121,6 +121,14 @@ def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
     if resume:
         if not config_path.exists():
             raise RunError(f"cannot resume: {run_dir} holds no run (no config.json)")
+        try:
+            trained_on = json.loads(config_path.read_text())["agent"]["env_id"]
+        except (ValueError, KeyError, TypeError, OSError) as err:
+            raise RunError(f"cannot resume: {config_path} is unreadable ({type(err).__name__}: {err})") from None
+        asked = config["agent"]["env_id"]
+        if trained_on != asked:
+            raise RunError(f"cannot resume: {run_dir} was trained on {trained_on}, this run asks for {asked}; "
+                           f"resume with --env {trained_on} or choose another --run-dir")
         return
     if run_dir.exists() and any(run_dir.iterdir()):
         raise RunError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")

@@ -204,7 +204,8 @@ def pack_tensors(tensors: Mapping[str, Any], codec: str = "raw",
                 source, arr, wire = arr, _bf16_bits(arr), "bfloat16"
                 _refuse_overflow(name, codec, (arr & 0x7FFF) == 0x7F80, source, np.isfinite)
             elif orig in _FLOATS and codec == "fp16":
-                source, arr, wire = arr, arr.astype(np.float16), "float16"
+                with np.errstate(over="ignore"):  # refused just below, with a clearer word than numpy's
+                    source, arr, wire = arr, arr.astype(np.float16), "float16"
                 _refuse_overflow(name, codec, np.isinf(arr), source, np.isfinite)
         if arr.ndim > MAX_NDIM:
             raise ValueError(f"tensor {name!r} has {arr.ndim} dimensions; at most {MAX_NDIM}")

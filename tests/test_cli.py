@@ -31,6 +31,8 @@ def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
     (["run", "--topology", "mesh"], "ring, sparse, full"),
     (["run", "--mode", "eventual"], "sync"),
     (["run", "--stop-at-return", "high"], "'auto' or 'none'"),
+    (["run", "--aggregate", "mode"], "trimmed-mean"),
+    (["run", "--deviation-bound", "0.5"], "factor > 1, or 0"),
     (["broker", "--agents", "4", "--topology", "sparse", "--peers", "9"], "peers"),
 ])
 def test_bad_input_gets_one_clear_error(args, words):
@@ -144,3 +146,20 @@ def test_agents_stop_by_themselves_when_the_launcher_is_killed(tmp_path):
     assert not [pid for pid in children if _alive(pid)], "agent processes outlived a killed launcher"
     for rank in (0, 1):
         assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
+
+
+def test_resume_with_another_env_is_refused_naming_both(tmp_path):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"agent": {"env_id": "CartPole-v1"}}))
+    result = invoke("run", "--agents", "2", "--env", "Acrobot-v1", "--run-dir", run_dir, "--resume", "--no-progress")
+    assert result.exit_code == 1
+    assert "trained on CartPole-v1, this run asks for Acrobot-v1" in result.output
+
+
+def test_eval_of_a_corrupt_checkpoint_is_one_line_naming_the_file(tmp_path):
+    (tmp_path / "agent-0").mkdir()
+    (tmp_path / "agent-0" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    result = invoke("eval", tmp_path)
+    assert result.exit_code == 1 and "agent-0/checkpoint.pt: not a readable checkpoint" in result.output
+    assert "Traceback" not in result.output
