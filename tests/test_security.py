@@ -3,6 +3,7 @@ broker's logic; a public bind needs keys or --insecure; nothing received is unpi
 or imported anywhere in the package."""
 import ast
 import logging
+import shutil
 import stat
 import threading
 import time
@@ -190,6 +191,37 @@ def test_missing_or_malformed_keys_get_one_line_errors(tmp_path, keyring):
     result = invoke("agent", "--connect", "tcp://127.0.0.1:1", "--rank", 0,
                     "--curve-secret", bad, "--curve-broker", keyring / "broker/broker.key")
     assert result.exit_code == 1 and "malformed CURVE key" in result.output
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o666])
+def test_a_secret_key_other_users_can_read_is_refused_with_the_fix(tmp_path, mode):
+    public, secret = keys.generate(tmp_path / "k", "agent")
+    secret.chmod(mode)
+    with pytest.raises(PermissionError, match=rf"{secret} is open to other users.*chmod 600 {secret}"):
+        keys.load_secret(secret)
+    result = invoke("agent", "--connect", "tcp://127.0.0.1:1", "--rank", 0,
+                    "--curve-secret", secret, "--curve-broker", public)
+    assert result.exit_code == 1 and "chmod 600" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("what", ["directory", "key file"])
+def test_an_allow_directory_others_can_write_is_refused_with_the_fix(tmp_path, keyring, what):
+    allow = tmp_path / "allow"
+    allow.mkdir(mode=0o755)
+    shutil.copy(keyring / "agents" / "agent-0.key", allow / "agent-0.key")
+    (allow / "agent-0.key").chmod(0o644)
+    target = allow if what == "directory" else allow / "agent-0.key"
+    target.chmod(0o777 if what == "directory" else 0o666)
+    with pytest.raises(PermissionError, match=rf"{target} is writable by other users.*chmod go-w {target}"):
+        keys.load_allowed(allow)
+    result = invoke("broker", "--curve-secret", keyring / "broker/broker.key_secret", "--curve-allow", allow,
+                    "--agents", 2)
+    assert result.exit_code == 1 and "chmod go-w" in result.output
+    target.chmod(0o755 if what == "directory" else 0o644)
+    assert len(keys.load_allowed(allow)) == 1
 
 
 # ------------------------------------------------------------------ nothing received is executed
