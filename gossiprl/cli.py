@@ -213,6 +213,8 @@ def bench_mix(params, reps):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
 def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, device, json_path):
     """Training frames/s of a swarm next to the raw vector env's rate for the same env count."""
+    require_rl("bench train")
+    check_device(device)
     from . import bench_train as bt
     from .a2c import A2CConfig
     from .agent import AgentConfig
@@ -296,6 +298,25 @@ def _deviation_bound(factor: float) -> float | None:
     return factor
 
 
+def require_rl(command: str) -> None:
+    """Training commands need torch and gymnasium, which the comms-only install leaves out."""
+    try:
+        import gymnasium  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as err:
+        raise click.ClickException(f"`gossiprl {command}` needs {err.name}, which is not installed: "
+                                   "install the rl extra: pip install -e '.[rl]'") from None
+
+
+def check_device(device: str) -> None:
+    """Refuse --device cuda up front: otherwise every agent dies on its own with a torch error."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter("no CUDA GPU is visible to torch on this host; use --device cpu or auto",
+                                 param_hint="--device")
+
+
 def check_env(env_id: str):
     """Fail fast, in the launcher, on an env id no agent could make; return the env's solve threshold."""
     from .envs import env_spec
@@ -331,8 +352,10 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transport, stop_at_return, max_seconds,
         progress, fail_fast, **kw):
     """Train a swarm of gossiping A2C agents on this host (broker + one process per agent)."""
+    require_rl("run")
     from . import launch
 
+    check_device(kw["device"])
     threshold = check_env(kw["env_id"])
     if topology_spec is None and agents > 1:
         topology_spec = "ring"
@@ -394,6 +417,7 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
     """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
 
     --total-frames is this agent's own budget here."""
+    require_rl("agent")
     from . import launch
     from .agent import CheckpointError
     from .keys import client_options
@@ -406,6 +430,7 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
             client_options(*curve)  # a malformed key fails here, before the envs are built
         except (ValueError, OSError) as err:
             raise click.ClickException(str(err)) from None
+    check_device(kw["device"])
     check_env(kw["env_id"])
     try:
         rank = launch.rank_from_environment(rank)
@@ -434,6 +459,8 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def eval_cmd(run_dir, episodes, greedy, device, as_json):
     """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
+    require_rl("eval")
+    check_device(device)
     from .agent import CheckpointError
     from .evaluate import evaluate
 

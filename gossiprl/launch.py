@@ -28,7 +28,7 @@ from pathlib import Path
 import topologies
 
 from .broker import Broker
-from .client import BrokerUnavailable, GossipClient
+from .client import BrokerUnavailable, GossipClient, GossipError
 from .gossip import Gossip
 
 log = logging.getLogger("gossiprl.launch")
@@ -236,7 +236,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                     if swarm.fail_fast:
                         stopped_by = f"agent-{rank} failed (--fail-fast)"
                         stop.set()
-                    elif broker is not None:
+                    elif broker is not None and len(failures) + len(summaries) < swarm.agents:
                         echo(f"carrying on with the other agents; the topology is rewired around agent-{rank}")
                         broker.declare_gone(rank)
         except KeyboardInterrupt:
@@ -335,7 +335,9 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
     """One agent of a multi-host swarm (the PALA layout): the broker runs elsewhere.
 
     Agents of a batch job may start before their broker, so registration is retried for
-    ``connect_timeout`` seconds. ``resume`` continues from this rank's checkpoint, or from the
+    ``connect_timeout`` seconds, or until ``stop`` is set (Ctrl-C, SIGTERM: each try lasts one
+    liveness window, 3 s by default); a refusal that would only repeat (a rank the swarm does not
+    have, a CURVE key the broker does not admit) ends it at once with the broker's reason. ``resume`` continues from this rank's checkpoint, or from the
     neighbours' parameters when there is none, and takes the rank over from a registration
     the broker may still hold for this agent's previous, dead process.
     """
@@ -347,7 +349,13 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
             client = GossipClient(address, rank, timeout=gossip_timeout, codec=codec, takeover=resume,
                                   **client_options)
             break
+        except GossipError as err:  # a rank the swarm does not have, a mismatching topology: asking again won't help
+            raise RunError(f"agent-{rank}: the broker at {address} refused it: {err}") from None
         except BrokerUnavailable as err:
+            if "the broker refused" in str(err):  # a key or mechanism it will refuse every time
+                raise RunError(f"agent-{rank}: {err}; not retrying") from None
+            if stop is not None and stop.is_set():
+                raise RunError(f"agent-{rank}: stopped while waiting for the broker at {address}") from None
             if time.monotonic() > deadline:
                 raise RunError(f"no broker answered at {address} within {connect_timeout:g}s: {err}") from None
             echo(f"agent-{rank}: waiting for the broker ({err})")

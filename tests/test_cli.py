@@ -3,11 +3,13 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from gossiprl.cli import main
@@ -163,3 +165,43 @@ def test_eval_of_a_corrupt_checkpoint_is_one_line_naming_the_file(tmp_path):
     result = invoke("eval", tmp_path)
     assert result.exit_code == 1 and "agent-0/checkpoint.pt: not a readable checkpoint" in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_agent_with_a_rank_the_swarm_lacks_gets_one_line(tmp_path):
+    import topologies
+    from gossiprl import Broker
+
+    with Broker(topologies.make("ring", 2)).start() as broker:
+        result = invoke("agent", "--connect", broker.address, "--rank", 5, "--total-frames", 80,
+                        "--run-dir", tmp_path)
+    assert result.exit_code == 1 and "rank 5 out of range" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", [["run"], ["eval", "."], ["agent", "--connect", "tcp://127.0.0.1:1"]])
+def test_training_commands_on_the_comms_only_install_say_which_extra(monkeypatch, command):
+    monkeypatch.setitem(sys.modules, "gymnasium", None)  # what `import gymnasium` meets without the rl extra
+    result = invoke(*command)
+    assert result.exit_code == 1 and "install the rl extra: pip install -e '.[rl]'" in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
+@pytest.mark.parametrize("command", [["run"], ["agent", "--connect", "tcp://127.0.0.1:1", "--rank", "0"],
+                                     ["eval", "."]])
+def test_device_cuda_without_a_gpu_is_refused_at_start(command):
+    result = invoke(*command, "--device", "cuda")
+    assert result.exit_code == 2 and "no CUDA GPU is visible" in result.output
+
+
+@pytest.mark.timeout(30)
+def test_an_agent_waiting_for_an_absent_broker_obeys_stop(tmp_path):
+    from gossiprl.agent import AgentConfig
+    from gossiprl.launch import RunError, run_agent
+
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(RunError, match="stopped while waiting for the broker"):
+        run_agent("tcp://127.0.0.1:9", 0, AgentConfig(total_frames=80), tmp_path, stop=stop, connect_timeout=120,
+                  echo=lambda line: None)
+    assert time.monotonic() - t0 < 6  # within one liveness window of the signal, not the 120 s connect timeout

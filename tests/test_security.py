@@ -224,6 +224,18 @@ def test_an_allow_directory_others_can_write_is_refused_with_the_fix(tmp_path, k
     assert len(keys.load_allowed(allow)) == 1
 
 
+@pytest.mark.timeout(30)
+def test_an_agent_the_broker_refuses_stops_retrying_and_says_why(secure_ring2, keyring, tmp_path):
+    from gossiprl.agent import AgentConfig
+    from gossiprl.launch import RunError, run_agent
+
+    t0 = time.monotonic()
+    with pytest.raises(RunError, match="not in the broker's --curve-allow directory; not retrying"):
+        run_agent(secure_ring2.address, 0, AgentConfig(total_frames=80), tmp_path, connect_timeout=60,
+                  curve=agent_curve(keyring, "intruder"), echo=lambda line: None)
+    assert time.monotonic() - t0 < 15  # one liveness window, not the 60 s connect timeout
+
+
 # ------------------------------------------------------------------ nothing received is executed
 
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "jsonpickle"}
