@@ -62,7 +62,8 @@ class SwarmConfig:
     codec: str = "raw"
     """Parameters on the wire: raw float32, or bf16 / fp16 (half the bytes)."""
     transport: str = "ipc"
-    """ipc (unix sockets, fastest on one host) or tcp (loopback)."""
+    """ipc (a unix socket in a 0700 directory, fastest on one host) or tcp (loopback, with
+    throwaway CURVE keys: loopback is open to every user of the host)."""
     gossip_timeout: float = 60.0
     """Seconds an agent waits for a turn lock before it skips the round and trains on."""
     stop_at_return: float | None = None
@@ -138,7 +139,24 @@ def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
     os.replace(tmp, config_path)
 
 
-def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, codec, stop, reports):
+def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None, tuple | None]:
+    """Where a local swarm's broker binds so that other users of this host cannot join it.
+
+    ``directory`` must be private (mode 0700, as tempfile makes it). ipc: the socket file lives
+    in it, out of other users' reach. tcp: loopback is open to every local user, so the swarm
+    gets throwaway CURVE keys, kept in it: (bind, the broker's curve, the agents' curve).
+    """
+    if transport == "ipc":
+        return f"ipc://{directory}/broker", None, None
+    from . import keys
+
+    keys.generate(directory / "broker", "broker")
+    keys.generate(directory / "agents", "agent")
+    return ("tcp://127.0.0.1:0", (directory / "broker" / "broker.key_secret", directory / "agents"),
+            (directory / "agents" / "agent.key_secret", directory / "broker" / "broker.key"))
+
+
+def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, codec, curve, stop, reports):
     """Body of the process ``agent-<rank>``: train, gossiping through the broker at ``address``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; Ctrl-C reaches it
     from .agent import train
@@ -149,7 +167,7 @@ def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout,
     try:
         if address is not None:
             client = GossipClient(address, rank, n=n, timeout=gossip_timeout, codec=codec,
-                                  heartbeat=LOCAL_HEARTBEAT_S, takeover=resume)
+                                  heartbeat=LOCAL_HEARTBEAT_S, takeover=resume, curve=curve)
             gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
         summary = train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
                         progress=lambda report: reports.put(("progress", rank, report)))
@@ -194,16 +212,18 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     solved_at = None
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gossiprl-") as tmp:
+        agent_curve = None
         if topo is not None:
-            bind = f"ipc://{tmp}/broker" if swarm.transport == "ipc" else "tcp://127.0.0.1:0"
-            broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness).start()
+            bind, broker_curve, agent_curve = private_endpoint(Path(tmp), swarm.transport)
+            broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness,
+                            curve=broker_curve).start()
         bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
         try:
             for rank in range(swarm.agents):
                 procs[rank] = ctx.Process(
                     target=_agent_process, name=f"agent-{rank}",
                     args=(rank, broker.address if broker else None, swarm.agents, agent_cfg, str(run_dir),
-                          resume, swarm.gossip_timeout, swarm.codec, stop, reports))
+                          resume, swarm.gossip_timeout, swarm.codec, agent_curve, stop, reports))
                 procs[rank].start()
             while len(summaries) + len(failures) < swarm.agents:
                 if swarm.max_seconds is not None and time.perf_counter() - start > swarm.max_seconds \

@@ -5,6 +5,7 @@ import ast
 import logging
 import shutil
 import stat
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -234,6 +235,28 @@ def test_an_agent_the_broker_refuses_stops_retrying_and_says_why(secure_ring2, k
         run_agent(secure_ring2.address, 0, AgentConfig(total_frames=80), tmp_path, connect_timeout=60,
                   curve=agent_curve(keyring, "intruder"), echo=lambda line: None)
     assert time.monotonic() - t0 < 15  # one liveness window, not the 60 s connect timeout
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_a_local_swarm_is_closed_to_other_users_of_the_host(tmp_path, transport):
+    """`gossiprl run`'s broker: an ipc socket in a 0700 directory, or tcp loopback with throwaway keys."""
+    from gossiprl.launch import private_endpoint
+
+    private = Path(tempfile.mkdtemp(dir=tmp_path))
+    bind, broker_curve, agent_curve = private_endpoint(private, transport)
+    with Broker(topologies.make("ring", 2), bind, curve=broker_curve).start() as broker:
+        member = GossipClient(broker.address, 0, curve=agent_curve)
+        if transport == "ipc":
+            socket_dir = Path(broker.address.removeprefix("ipc://")).parent
+            assert socket_dir == private and stat.S_IMODE(socket_dir.stat().st_mode) == 0o700
+        else:
+            assert broker_curve is not None
+            for path in (private / "broker", private / "agents"):
+                assert stat.S_IMODE(path.stat().st_mode) == 0o700
+            with pytest.raises(BrokerUnavailable, match="requires CURVE keys"):
+                GossipClient(broker.address, 1, heartbeat=0.1, liveness=5)
+        member.close()
 
 
 # ------------------------------------------------------------------ nothing received is executed
