@@ -61,7 +61,8 @@ class DeviationBound:
     ``d > factor * max(median(recent), FLOOR * |x|)``, where ``recent`` are the distances of the
     last ``window`` letters accepted and |x| is the norm of our own parameters. Until ``warmup``
     letters have been accepted the scale is |x| itself (two independent initialisations lie
-    about sqrt(2) |x| apart), so a first letter of 1e30 is refused as surely as a later one.
+    about sqrt(2) |x| apart; all-zero parameters, which give no scale, count as |x| = 1), so a
+    first letter of 1e30 is refused as surely as a later one.
     The floor keeps a swarm at exact consensus (all distances near 0) from refusing the first
     honest step away from it. A peer whose parameters legitimately jumped (restarted from an old
     checkpoint) is dropped until it has mixed our letters back in, which halves its distance
@@ -88,7 +89,7 @@ class DeviationBound:
     def limit(self, own_norm: float | None) -> float:
         if own_norm is not None:
             self.own_norm = own_norm
-        scale = float(np.median(self.recent)) if len(self.recent) >= self.warmup else self.own_norm
+        scale = float(np.median(self.recent)) if len(self.recent) >= self.warmup else (self.own_norm or 1.0)
         return self.factor * max(scale, self.FLOOR * self.own_norm, 1e-30)
 
     def accept(self, distances: Sequence[float]) -> None:

@@ -192,3 +192,10 @@ def test_a_training_agent_survives_a_peer_that_sends_poison_every_round(tmp_path
     rows = (tmp_path / "agent-1" / "metrics.csv").read_text().splitlines()
     header, last = rows[0].split(","), rows[-1].split(",")
     assert float(last[header.index("gossip/dropped")]) >= 0.8 * summary["updates"]
+
+
+def test_all_zero_parameters_still_accept_honest_letters():
+    """Zeros give the warm-up no scale of their own: they count as norm 1, not 0 (which would refuse all)."""
+    mine = np.zeros(100)
+    result = mix({"p": mine}, {1: {"p": np.full(100, 0.05)}}, {0: 0.5, 1: 0.5}, 0, bound=DeviationBound())
+    assert result.peers == 1 and np.allclose(mine, 0.025)
