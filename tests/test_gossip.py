@@ -199,3 +199,16 @@ def test_all_zero_parameters_still_accept_honest_letters():
     mine = np.zeros(100)
     result = mix({"p": mine}, {1: {"p": np.full(100, 0.05)}}, {0: 0.5, 1: 0.5}, 0, bound=DeviationBound())
     assert result.peers == 1 and np.allclose(mine, 0.025)
+
+
+@pytest.mark.parametrize("poison", ["1e30", "nan", "inf-at-the-end"])
+@pytest.mark.parametrize("aggregate", ["mean", "median"])
+def test_the_measure_first_path_drops_poison_before_writing(poison, aggregate):
+    """float64 torch tensors (like CUDA and bfloat16 ones) take the path that measures first."""
+    x = np.random.default_rng(5).standard_normal(1000).astype(np.float32)
+    own = torch.from_numpy(x.astype(np.float64))
+    before = own.clone()
+    result = mix({"p": own}, {1: {"p": POISONS[poison](x)}}, {0: 0.5, 1: 0.5}, 0, aggregate=aggregate,
+                 bound=DeviationBound())
+    assert result.dropped == [1] and result.peers == 0 and not result.refused
+    assert torch.equal(own, before)
