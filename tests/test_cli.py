@@ -1,5 +1,6 @@
 """The `gossiprl` command as a user meets it: clear one-line errors, and real short runs."""
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -205,3 +206,10 @@ def test_an_agent_waiting_for_an_absent_broker_obeys_stop(tmp_path):
         run_agent("tcp://127.0.0.1:9", 0, AgentConfig(total_frames=80), tmp_path, stop=stop, connect_timeout=120,
                   echo=lambda line: None)
     assert time.monotonic() - t0 < 6  # within one liveness window of the signal, not the 120 s connect timeout
+
+
+def test_bench_mix_prints_mix_and_axpy_from_one_run():
+    result = invoke("bench", "mix", "--params", 50000, "--reps", 3)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "axpy" in line]
+    assert len(lines) == 2 and all(re.search(r"mix .* ms, axpy .* ms: \d+\.\d\dx", line) for line in lines)
