@@ -243,6 +243,8 @@ def pick_device(device: str, rank: int) -> torch.device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' asked for, but no CUDA GPU is visible to torch; use 'cpu' or 'auto'")
         return torch.device("cuda", rank % torch.cuda.device_count())
     return torch.device(device)
 

@@ -357,9 +357,10 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
     Agents of a batch job may start before their broker, so registration is retried for
     ``connect_timeout`` seconds, or until ``stop`` is set (Ctrl-C, SIGTERM: each try lasts one
     liveness window, 3 s by default); a refusal that would only repeat (a rank the swarm does not
-    have, a CURVE key the broker does not admit) ends it at once with the broker's reason. ``resume`` continues from this rank's checkpoint, or from the
-    neighbours' parameters when there is none, and takes the rank over from a registration
-    the broker may still hold for this agent's previous, dead process.
+    have, a CURVE key the broker does not admit) ends it at once with the broker's reason.
+    ``resume`` continues from this rank's checkpoint, or from the neighbours' parameters when
+    there is none, and takes the rank over from a registration the broker may still hold for
+    this agent's previous, dead process.
     """
     from .agent import train
 
