@@ -437,3 +437,11 @@ def test_resuming_with_another_env_is_refused_naming_both(tmp_path):
     other = agent.AgentConfig(env_id="Acrobot-v1", total_frames=160, torch_threads=1, a2c=A2CConfig(num_envs=4))
     with pytest.raises(agent.CheckpointError, match="trained on CartPole-v1, this run asks for Acrobot-v1"):
         agent.train(other, tmp_path, rank=0, resume=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
+def test_asking_for_cuda_without_a_gpu_says_so():
+    from gossiprl.agent import pick_device
+
+    with pytest.raises(RuntimeError, match="no CUDA GPU is visible"):
+        pick_device("cuda", rank=3)
