@@ -8,7 +8,10 @@ with that one method will do, and ``gossip=None`` is plain single-agent A2C.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import logging
+import math
 import os
 import time
 from collections import deque
@@ -23,6 +26,8 @@ from torch.utils.tensorboard import SummaryWriter
 from gossiprl.a2c import A2CConfig, Rollout, make_optimizer, resolve_defaults, update
 from gossiprl.envs import is_atari, make_env
 from gossiprl.models import flatten_parameters, make_model
+
+log = logging.getLogger("gossiprl.agent")
 
 
 @dataclass
@@ -45,6 +50,12 @@ class AgentConfig:
     """Atari repeat_action_probability (0 as in the papers)."""
     gossip_every: int = 1
     """Exchange parameters after every this many updates (1 = after every step, as PALA)."""
+    aggregate: str = "mean"
+    """How letters are mixed in: 'mean' (the mixing matrix's weights, PALA), or the robust
+    'trimmed-mean' / 'median' over our parameters and the letters (gossiprl.gossip.mix)."""
+    deviation_bound: float | None = 10.0
+    """Drop a letter farther from our parameters than this many times the recent distances
+    (gossiprl.gossip.DeviationBound); None turns the bound off."""
     log_every: int = 100
     """Updates between rows of metrics.csv / TensorBoard points."""
     checkpoint_every: int = 1000
@@ -95,6 +106,9 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
     checkpoint = None
     if resume and (checkpoint_path.exists() or gossip is None):
         checkpoint = load_checkpoint(checkpoint_path)
+        if checkpoint["config"].get("env_id") != cfg.env_id:
+            raise CheckpointError(f"{checkpoint_path} was trained on {checkpoint['config'].get('env_id')}, "
+                                  f"this run asks for {cfg.env_id}: resume with that --env or use another --run-dir")
     counters = checkpoint["counters"] if checkpoint else {"updates": 0, "frames": 0, "episodes": 0, "wall_s": 0.0}
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=100)
     (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2))
@@ -229,6 +243,8 @@ def pick_device(device: str, rank: int) -> torch.device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' asked for, but no CUDA GPU is visible to torch; use 'cpu' or 'auto'")
         return torch.device("cuda", rank % torch.cuda.device_count())
     return torch.device(device)
 
@@ -274,18 +290,92 @@ class MetricsLog:
         self.tb.close()
 
 
-def save_checkpoint(path: Path, state: dict) -> None:
-    """Write to a temp file beside ``path``, fsync, then rename over it, so a crash
-    mid-write leaves the previous checkpoint intact rather than a truncated one."""
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be trusted; the message names the file and what is wrong with it."""
+
+
+def checkpoint_digest(state: dict) -> str:
+    """SHA-256 over everything a checkpoint holds (tensor bytes, dtypes, shapes, numbers, names).
+
+    It is computed from the values, not the file's bytes, and stored inside the file: a flipped
+    byte either breaks the file's structure (torch cannot read it) or changes a value (the
+    digest no longer matches), so no corruption loads silently with changed weights.
+    """
+    h = hashlib.sha256()
+
+    def feed(value) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, dict):
+            h.update(b"{")
+            for key, item in value.items():
+                feed(key)
+                feed(item)
+            h.update(b"}")
+        elif isinstance(value, (list, tuple)):
+            h.update(b"[")
+            for item in value:
+                feed(item)
+            h.update(b"]")
+        else:
+            h.update(repr((type(value).__name__, value)).encode())
+
+    feed({k: v for k, v in state.items() if k != "sha256"})
+    return h.hexdigest()
+
+
+def save_checkpoint(path: Path, state: dict) -> bool:
+    """Write to a temp file beside ``path``, fsync, then rename over it, so a crash mid-write
+    leaves the previous checkpoint intact rather than a truncated one.
+
+    A failed write (disk full, a read-only run dir) must not end hours of training: it is
+    skipped with a warning, the temp file removed and the previous checkpoint kept; returns
+    whether the checkpoint was written.
+    """
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({**state, "sha256": checkpoint_digest(state)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return True
+    except OSError as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        log.warning("checkpoint not written to %s (%s); training goes on, the previous checkpoint is kept",
+                    path, err.strerror or err)
+        return False
 
 
 def load_checkpoint(path: Path) -> dict:
+    """Read a checkpoint (weights_only: nothing in it is executed) and refuse one that cannot be trusted."""
+    path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"cannot resume: no checkpoint at {path}")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    fix = "delete it (a rejoining agent then starts from its neighbours' parameters) or restore a copy"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, empty or scrambled files raise many different types
+        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint, truncated or corrupt ({reason}); {fix}") from None
+    if not isinstance(state, dict) or not {"model", "optimizer", "counters", "config"} <= state.keys():
+        raise CheckpointError(f"{path}: not a gossiprl checkpoint (no model/optimizer/counters/config); {fix}")
+    if "sha256" not in state:
+        log.warning("%s has no checksum (written by an older gossiprl): corruption cannot be detected", path)
+    elif state["sha256"] != checkpoint_digest(state):
+        raise CheckpointError(f"{path}: checksum mismatch, the file changed after it was written (corrupt); {fix}")
+    for name, value in state["model"].items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{path}: weight {name!r} holds NaN or infinity; {fix}")
+    counters = state["counters"]
+    for key in ("updates", "frames", "episodes"):
+        if type(counters.get(key)) is not int or counters[key] < 0:
+            raise CheckpointError(f"{path}: counter {key!r} is {counters.get(key)!r}, not a whole number >= 0; {fix}")
+    if not (isinstance(counters.get("wall_s"), float) and 0 <= counters["wall_s"] < math.inf):
+        raise CheckpointError(f"{path}: counter 'wall_s' is {counters.get('wall_s')!r}, not seconds >= 0; {fix}")
+    return state

@@ -210,6 +210,9 @@ def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, 
     }
     labels = {"relay_ms": "raw ZeroMQ ROUTER relay", "gossiprl_ms": "gossiprl publish -> collect",
               "gossiprl_bf16_ms": "gossiprl with --codec bf16", "paper_ms": "PALA paper: ListProxy+pickle+base64"}
+    result["mix"] = measure_mix(numel)
+    echo(f"mix of one letter {result['mix']['mix_ms']:.2f} ms, plain axpy {result['mix']['axpy_ms']:.2f} ms: "
+         f"{result['mix']['ratio']:.2f}x (target <= 2x)")
     echo("one way (ping-pong of 2 agents, half the round trip):")
     echo(f"  {'memcpy (floor)':38s} {result['memcpy_ms']:8.2f} ms")
     result["one_way"] = {}
@@ -237,3 +240,35 @@ def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, 
         result["ring"].append(row)
         echo(line)
     return result
+
+
+def measure_mix(numel: int = NATURE_CNN_PARAMS, reps: int = 50, torch_tensor: bool = False) -> dict:
+    """Median seconds of mix() of one letter against a plain axpy (x += m; x *= 0.5) over the same bytes.
+
+    The two are timed alternately in one loop, so both see the same cache and load; the mix is
+    the one an agent runs (deviation bound on), on a numpy array or, with ``torch_tensor``, on
+    the CPU torch tensor the agent trains.
+    """
+    from .gossip import DeviationBound, mix
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(numel, dtype=np.float32)
+    letter = x + rng.standard_normal(numel, dtype=np.float32) * 1e-3
+    own = x
+    if torch_tensor:
+        import torch
+
+        own = torch.from_numpy(x)
+    bound = DeviationBound()
+    mix_s, axpy_s = [], []
+    for _ in range(reps + 3):
+        t0 = time.perf_counter()
+        mix({"p": own}, {1: {"p": letter}}, {0: 0.5, 1: 0.5}, 0, bound=bound)
+        t1 = time.perf_counter()
+        x += letter
+        x *= 0.5
+        t2 = time.perf_counter()
+        mix_s.append(t1 - t0)
+        axpy_s.append(t2 - t1)
+    mix_t, axpy_t = statistics.median(mix_s[3:]), statistics.median(axpy_s[3:])
+    return {"mix_ms": mix_t * 1e3, "axpy_ms": axpy_t * 1e3, "ratio": mix_t / axpy_t}

@@ -239,6 +239,25 @@ def bench_comms(agents, params, rounds, transport, json_path):
         click.echo(f"figures written to {json_path}")
 
 
+@bench.command("mix")
+@click.option("--params", type=click.IntRange(min=1), default=1_687_719, show_default=True,
+              help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).")
+@click.option("--reps", type=click.IntRange(min=1), default=50, show_default=True)
+def bench_mix(params, reps):
+    """Mixing one letter in against a plain axpy over the same bytes, timed alternately in one run."""
+    from . import bench_comms as bc
+
+    rows = [("numpy array", bc.measure_mix(params, reps))]
+    try:
+        rows.append(("torch CPU tensor", bc.measure_mix(params, reps, torch_tensor=True)))
+    except ImportError:
+        pass
+    click.echo(f"{params:,} float32 = {params * 4 / 1e6:.2f} MB, median of {reps}")
+    for label, r in rows:
+        click.echo(f"  mix ({label}) {r['mix_ms']:.3f} ms, axpy (x += m; x *= 0.5) {r['axpy_ms']:.3f} ms: "
+                   f"{r['ratio']:.2f}x (target <= 2x)")
+
+
 @bench.command("train")
 @click.option("--env", "env_id", default="ALE/Pong-v5", show_default=True)
 @click.option("--agents", "-n", type=click.IntRange(min=1), default=2, show_default=True)
@@ -252,6 +271,8 @@ def bench_comms(agents, params, rounds, transport, json_path):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
 def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, device, json_path):
     """Training frames/s of a swarm next to the raw vector env's rate for the same env count."""
+    require_rl("bench train")
+    check_device(device)
     from . import bench_train as bt
     from .a2c import A2CConfig
     from .agent import AgentConfig
@@ -292,6 +313,12 @@ def agent_options(fn):
                      help="Atari repeat_action_probability."),
         click.option("--gossip-every", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Gossip after every k-th update."),
+        click.option("--aggregate", type=click.Choice(["mean", "trimmed-mean", "median"]), default="mean",
+                     show_default=True, help="mean: the mixing matrix's weights (PALA); trimmed-mean / median: "
+                     "coordinate-wise over own parameters and letters, robust to a poisoned peer."),
+        click.option("--deviation-bound", type=click.FloatRange(min=0), default=10.0, show_default=True,
+                     help="Drop a letter farther from own parameters than this many times the recent "
+                          "distances (counted in gossip/dropped); 0 turns it off."),
         click.option("--log-every", type=click.IntRange(min=1), default=100, show_default=True, help="Updates per metrics row."),
         click.option("--checkpoint-every", type=click.IntRange(min=1), default=1000, show_default=True,
                      help="Updates per checkpoint (one is always written at the end)."),
@@ -316,7 +343,36 @@ def make_agent_config(kw: dict, agents: int):
     return AgentConfig(env_id=kw["env_id"], total_frames=max(1, kw["total_frames"] // agents), seed=kw["seed"],
                        agents=agents, device=kw["device"], torch_threads=kw["torch_threads"],
                        sticky_actions=kw["sticky_actions"], gossip_every=kw["gossip_every"],
+                       aggregate=kw["aggregate"], deviation_bound=_deviation_bound(kw["deviation_bound"]),
                        log_every=kw["log_every"], checkpoint_every=kw["checkpoint_every"], a2c=a2c)
+
+
+def _deviation_bound(factor: float) -> float | None:
+    if factor == 0:
+        return None
+    if factor <= 1:
+        raise click.BadParameter(f"{factor:g}: give a factor > 1, or 0 to turn the bound off",
+                                 param_hint="--deviation-bound")
+    return factor
+
+
+def require_rl(command: str) -> None:
+    """Training commands need torch and gymnasium, which the comms-only install leaves out."""
+    try:
+        import gymnasium  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as err:
+        raise click.ClickException(f"`gossiprl {command}` needs {err.name}, which is not installed: "
+                                   "install the rl extra: pip install -e '.[rl]'") from None
+
+
+def check_device(device: str) -> None:
+    """Refuse --device cuda up front: otherwise every agent dies on its own with a torch error."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter("no CUDA GPU is visible to torch on this host; use --device cpu or auto",
+                                 param_hint="--device")
 
 
 def check_env(env_id: str):
@@ -354,8 +410,10 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transport, stop_at_return, max_seconds,
         progress, fail_fast, **kw):
     """Train a swarm of gossiping A2C agents on this host (broker + one process per agent)."""
+    require_rl("run")
     from . import launch
 
+    check_device(kw["device"])
     threshold = check_env(kw["env_id"])
     if topology_spec is None and agents > 1:
         topology_spec = "ring"
@@ -417,7 +475,9 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
     """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
 
     --total-frames is this agent's own budget here."""
+    require_rl("agent")
     from . import launch
+    from .agent import CheckpointError
     from .keys import client_options
 
     if (curve_secret is None) != (curve_broker is None):
@@ -428,6 +488,7 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
             client_options(*curve)  # a malformed key fails here, before the envs are built
         except (ValueError, OSError) as err:
             raise click.ClickException(str(err)) from None
+    check_device(kw["device"])
     check_env(kw["env_id"])
     try:
         rank = launch.rank_from_environment(rank)
@@ -443,7 +504,7 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
     try:
         summary = launch.run_agent(connect, rank, cfg, run_dir, resume=kw["resume"], codec=kw["codec"],
                                    stop=stop, echo=click.echo, curve=curve)
-    except (launch.RunError, FileNotFoundError) as err:
+    except (launch.RunError, FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
     click.echo(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))
 
@@ -456,11 +517,14 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def eval_cmd(run_dir, episodes, greedy, device, as_json):
     """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
+    require_rl("eval")
+    check_device(device)
+    from .agent import CheckpointError
     from .evaluate import evaluate
 
     try:
         result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
     if as_json:
         click.echo(json.dumps(result, indent=2))

@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from gossiprl.agent import load_checkpoint
 from gossiprl.envs import VecEnv, is_atari, make_env
 from gossiprl.models import make_model
 
@@ -96,7 +97,7 @@ def _find_checkpoints(run_dir: Path) -> dict[int, Path]:
 def _evaluate_checkpoint(path: Path, episodes: int, greedy: bool, device: str, seed: int, slots: int,
                          generator: torch.Generator) -> tuple[str, dict]:
     """A fresh env per agent, seeded alike, so every agent meets the same start states."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    checkpoint = load_checkpoint(path)
     config = checkpoint["config"]
     env_id = config["env_id"]
     envs = make_env(env_id, slots, seed, sticky_actions=config.get("sticky_actions", 0.0))

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import struct
 import tempfile
 import uuid
@@ -74,9 +75,10 @@ def load_secret(path) -> tuple[bytes, bytes]:
     _check_z85(path, secret)
     if zmq.curve_public(secret) != public:
         raise ValueError(f"{path}: the secret key does not match the public key in the same file (corrupted?)")
-    mode = Path(path).stat().st_mode
+    mode = stat.S_IMODE(Path(path).stat().st_mode)
     if mode & 0o077:
-        log.warning("%s is readable by other users (mode %o); chmod 600 it", path, mode & 0o777)
+        raise PermissionError(f"{path} is open to other users (mode {mode:o}), so its secret key may be "
+                              f"known to them; refusing it, as ssh does: chmod 600 {path}")
     return public, secret
 
 
@@ -90,11 +92,17 @@ def load_allowed(directory) -> frozenset[bytes]:
     """The public keys of every ``*.key`` file in ``directory``: the agents a broker admits.
 
     An empty directory is an error rather than "admit nobody": a broker that refuses every
-    agent looks exactly like a dead one from the agents' side.
+    agent looks exactly like a dead one from the agents' side. A directory or key file that
+    other users may write is refused: whoever can drop a key there can join the swarm.
     """
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: no such directory of allowed agent public keys (*.key files)")
+    for path in (directory, *sorted(directory.glob(f"*{PUBLIC_SUFFIX}"))):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o022:
+            raise PermissionError(f"{path} is writable by other users (mode {mode:o}), who could add their own "
+                                  f"key to the allowed ones; refusing it, as ssh does: chmod go-w {path}")
     keys = frozenset(load_public(p) for p in sorted(directory.glob(f"*{PUBLIC_SUFFIX}")))
     if not keys:
         raise ValueError(f"{directory} holds no *.key public keys; copy each agent's NAME.key there")

@@ -28,7 +28,7 @@ from pathlib import Path
 import topologies
 
 from .broker import Broker
-from .client import BrokerUnavailable, GossipClient
+from .client import BrokerUnavailable, GossipClient, GossipError
 from .gossip import Gossip
 
 log = logging.getLogger("gossiprl.launch")
@@ -62,7 +62,8 @@ class SwarmConfig:
     codec: str = "raw"
     """Parameters on the wire: raw float32, or bf16 / fp16 (half the bytes)."""
     transport: str = "ipc"
-    """ipc (unix sockets, fastest on one host) or tcp (loopback)."""
+    """ipc (a unix socket in a 0700 directory, fastest on one host) or tcp (loopback, with
+    throwaway CURVE keys: loopback is open to every user of the host)."""
     gossip_timeout: float = 60.0
     """Seconds an agent waits for a turn lock before it skips the round and trains on."""
     stop_at_return: float | None = None
@@ -121,6 +122,14 @@ def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
     if resume:
         if not config_path.exists():
             raise RunError(f"cannot resume: {run_dir} holds no run (no config.json)")
+        try:
+            trained_on = json.loads(config_path.read_text())["agent"]["env_id"]
+        except (ValueError, KeyError, TypeError, OSError) as err:
+            raise RunError(f"cannot resume: {config_path} is unreadable ({type(err).__name__}: {err})") from None
+        asked = config["agent"]["env_id"]
+        if trained_on != asked:
+            raise RunError(f"cannot resume: {run_dir} was trained on {trained_on}, this run asks for {asked}; "
+                           f"resume with --env {trained_on} or choose another --run-dir")
         return
     if run_dir.exists() and any(run_dir.iterdir()):
         raise RunError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
@@ -130,7 +139,24 @@ def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
     os.replace(tmp, config_path)
 
 
-def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, codec, stop, reports):
+def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None, tuple | None]:
+    """Where a local swarm's broker binds so that other users of this host cannot join it.
+
+    ``directory`` must be private (mode 0700, as tempfile makes it). ipc: the socket file lives
+    in it, out of other users' reach. tcp: loopback is open to every local user, so the swarm
+    gets throwaway CURVE keys, kept in it: (bind, the broker's curve, the agents' curve).
+    """
+    if transport == "ipc":
+        return f"ipc://{directory}/broker", None, None
+    from . import keys
+
+    keys.generate(directory / "broker", "broker")
+    keys.generate(directory / "agents", "agent")
+    return ("tcp://127.0.0.1:0", (directory / "broker" / "broker.key_secret", directory / "agents"),
+            (directory / "agents" / "agent.key_secret", directory / "broker" / "broker.key"))
+
+
+def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, codec, curve, stop, reports):
     """Body of the process ``agent-<rank>``: train, gossiping through the broker at ``address``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; Ctrl-C reaches it
     from .agent import train
@@ -141,8 +167,8 @@ def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout,
     try:
         if address is not None:
             client = GossipClient(address, rank, n=n, timeout=gossip_timeout, codec=codec,
-                                  heartbeat=LOCAL_HEARTBEAT_S, takeover=resume)
-            gossip = Gossip(client)
+                                  heartbeat=LOCAL_HEARTBEAT_S, takeover=resume, curve=curve)
+            gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
         summary = train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
                         progress=lambda report: reports.put(("progress", rank, report)))
         reports.put(("done", rank, summary))
@@ -186,16 +212,18 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     solved_at = None
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gossiprl-") as tmp:
+        agent_curve = None
         if topo is not None:
-            bind = f"ipc://{tmp}/broker" if swarm.transport == "ipc" else "tcp://127.0.0.1:0"
-            broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness).start()
+            bind, broker_curve, agent_curve = private_endpoint(Path(tmp), swarm.transport)
+            broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness,
+                            curve=broker_curve).start()
         bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
         try:
             for rank in range(swarm.agents):
                 procs[rank] = ctx.Process(
                     target=_agent_process, name=f"agent-{rank}",
                     args=(rank, broker.address if broker else None, swarm.agents, agent_cfg, str(run_dir),
-                          resume, swarm.gossip_timeout, swarm.codec, stop, reports))
+                          resume, swarm.gossip_timeout, swarm.codec, agent_curve, stop, reports))
                 procs[rank].start()
             while len(summaries) + len(failures) < swarm.agents:
                 if swarm.max_seconds is not None and time.perf_counter() - start > swarm.max_seconds \
@@ -228,7 +256,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                     if swarm.fail_fast:
                         stopped_by = f"agent-{rank} failed (--fail-fast)"
                         stop.set()
-                    elif broker is not None:
+                    elif broker is not None and len(failures) + len(summaries) < swarm.agents:
                         echo(f"carrying on with the other agents; the topology is rewired around agent-{rank}")
                         broker.declare_gone(rank)
         except KeyboardInterrupt:
@@ -327,9 +355,12 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
     """One agent of a multi-host swarm (the PALA layout): the broker runs elsewhere.
 
     Agents of a batch job may start before their broker, so registration is retried for
-    ``connect_timeout`` seconds. ``resume`` continues from this rank's checkpoint, or from the
-    neighbours' parameters when there is none, and takes the rank over from a registration
-    the broker may still hold for this agent's previous, dead process.
+    ``connect_timeout`` seconds, or until ``stop`` is set (Ctrl-C, SIGTERM: each try lasts one
+    liveness window, 3 s by default); a refusal that would only repeat (a rank the swarm does not
+    have, a CURVE key the broker does not admit) ends it at once with the broker's reason.
+    ``resume`` continues from this rank's checkpoint, or from the neighbours' parameters when
+    there is none, and takes the rank over from a registration the broker may still hold for
+    this agent's previous, dead process.
     """
     from .agent import train
 
@@ -339,11 +370,17 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
             client = GossipClient(address, rank, timeout=gossip_timeout, codec=codec, takeover=resume,
                                   **client_options)
             break
+        except GossipError as err:  # a rank the swarm does not have, a mismatching topology: asking again won't help
+            raise RunError(f"agent-{rank}: the broker at {address} refused it: {err}") from None
         except BrokerUnavailable as err:
+            if "the broker refused" in str(err):  # a key or mechanism it will refuse every time
+                raise RunError(f"agent-{rank}: {err}; not retrying") from None
+            if stop is not None and stop.is_set():
+                raise RunError(f"agent-{rank}: stopped while waiting for the broker at {address}") from None
             if time.monotonic() > deadline:
                 raise RunError(f"no broker answered at {address} within {connect_timeout:g}s: {err}") from None
             echo(f"agent-{rank}: waiting for the broker ({err})")
-    gossip = Gossip(client)
+    gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
     try:
         return train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop)
     finally:

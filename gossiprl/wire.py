@@ -118,6 +118,24 @@ def is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+CODEC_MAX = {"fp16": 65504.0, "bf16": 3.3895313892515355e38}
+"""The largest finite value each codec carries; a finite value beyond it would arrive as infinity."""
+
+
+def _refuse_overflow(name: str, codec: str, inf, original, isfinite) -> None:
+    """Refuse, rather than saturate: a receiver drops a letter with infinities, so the sender must
+    hear why its parameters went nowhere, and silently clipped weights would be wrong weights.
+    ``inf`` marks the infinities after conversion (numpy or torch alike); only those that were
+    finite before are refused (a sender that skips its finite check may send infinity itself)."""
+    if not bool(inf.any()):
+        return
+    overflow = inf & isfinite(original)
+    if bool(overflow.any()):
+        peak = float(abs(original[overflow]).max())
+        raise ValueError(f"tensor {name!r} holds {peak:.6g}, beyond the largest value {codec} can carry "
+                         f"({CODEC_MAX[codec]:.6g}); publish it with codec='raw' (--codec raw)")
+
+
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns, round to nearest even; NaN stays NaN. In-place passes: this is hot."""
     bits = np.asarray(x, dtype=np.float32)
@@ -134,7 +152,7 @@ def _bf16_bits(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _torch_to_numpy(t, codec: str, stager: "CudaStager | None") -> tuple[np.ndarray, str, str]:
+def _torch_to_numpy(name: str, t, codec: str, stager: "CudaStager | None") -> tuple[np.ndarray, str, str]:
     torch = sys.modules["torch"]
     t = t.detach()
     orig = str(t.dtype).removeprefix("torch.")
@@ -143,7 +161,9 @@ def _torch_to_numpy(t, codec: str, stager: "CudaStager | None") -> tuple[np.ndar
     wire = orig
     if orig in _FLOATS and codec != "raw":
         wire = "bfloat16" if codec == "bf16" else "float16"
-        t = t.to(getattr(torch, wire))
+        converted = t.to(getattr(torch, wire))
+        _refuse_overflow(name, codec, torch.isinf(converted), t, torch.isfinite)
+        t = converted
     if wire == "bfloat16":
         t = t.view(torch.int16)
     if t.is_cuda:
@@ -171,7 +191,7 @@ def pack_tensors(tensors: Mapping[str, Any], codec: str = "raw",
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
             raise ValueError(f"tensor names must be strings of 1..{MAX_NAME_CHARS} characters, got {name!r}")
         if is_torch(value):
-            arr, wire, orig = _torch_to_numpy(value, codec, stager)
+            arr, wire, orig = _torch_to_numpy(name, value, codec, stager)
         else:
             arr = np.asarray(value)
             if not arr.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
@@ -181,9 +201,12 @@ def pack_tensors(tensors: Mapping[str, Any], codec: str = "raw",
                 raise ValueError(f"tensor {name!r} has dtype {orig}; valid: {', '.join(d for d in DTYPES if d != 'bfloat16')}")
             wire = orig
             if orig in _FLOATS and codec == "bf16":
-                arr, wire = _bf16_bits(arr), "bfloat16"
+                source, arr, wire = arr, _bf16_bits(arr), "bfloat16"
+                _refuse_overflow(name, codec, (arr & 0x7FFF) == 0x7F80, source, np.isfinite)
             elif orig in _FLOATS and codec == "fp16":
-                arr, wire = arr.astype(np.float16), "float16"
+                with np.errstate(over="ignore"):  # refused just below, with a clearer word than numpy's
+                    source, arr, wire = arr, arr.astype(np.float16), "float16"
+                _refuse_overflow(name, codec, np.isinf(arr), source, np.isfinite)
         if arr.ndim > MAX_NDIM:
             raise ValueError(f"tensor {name!r} has {arr.ndim} dimensions; at most {MAX_NDIM}")
         spec = TensorSpec(name, wire, tuple(arr.shape), arr.nbytes, orig)

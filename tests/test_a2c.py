@@ -329,3 +329,119 @@ def test_env_dependent_defaults_follow_the_papers_on_atari_only():
     assert (other.entropy_coef, other.clip_rewards) == (0.0, False)
     given = resolve_defaults(A2CConfig(entropy_coef=0.05, clip_rewards=False), atari=True)
     assert (given.entropy_coef, given.clip_rewards) == (0.05, False)
+
+
+# ------------------------------------------------------------------ checkpoints
+
+def _checkpoint_state(**counters):
+    from dataclasses import asdict
+
+    from gossiprl.agent import AgentConfig
+
+    model = MLPActorCritic(4, 2)
+    optimizer = make_optimizer(model, A2CConfig())
+    model(torch.ones(3, 4))[1].sum().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "counters": {"updates": 3, "frames": 240, "episodes": 2, "wall_s": 1.5, **counters},
+            "recent_returns": [10.0, 12.0], "config": asdict(AgentConfig())}
+
+
+def test_corrupt_checkpoints_are_refused_with_the_file_named(tmp_path):
+    from gossiprl.agent import CheckpointError, checkpoint_digest, load_checkpoint, save_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    state = _checkpoint_state()
+    assert save_checkpoint(path, state)
+    good = path.read_bytes()
+    assert checkpoint_digest(load_checkpoint(path)) == checkpoint_digest(state)
+    bad = tmp_path / "bad.pt"
+    for damage in (good[: len(good) // 2], b"", np.random.default_rng(0).bytes(len(good))):
+        bad.write_bytes(damage)
+        with pytest.raises(CheckpointError, match=rf"{bad}: not a readable checkpoint.*delete it"):
+            load_checkpoint(bad)
+    # No single-byte flip may load with changed values: it is refused, or loads exactly what was saved.
+    refused = 0
+    for offset in np.linspace(0, len(good) - 1, 60).astype(int):
+        flipped = bytearray(good)
+        flipped[offset] ^= 0x5A
+        bad.write_bytes(bytes(flipped))
+        try:
+            loaded = load_checkpoint(bad)
+        except CheckpointError as err:
+            assert str(bad) in str(err) and "\n" not in str(err)
+            refused += 1
+        else:
+            assert checkpoint_digest(loaded) == checkpoint_digest(state), offset
+    assert refused >= 30
+
+
+@pytest.mark.parametrize("change,words", [
+    ("nan", "NaN or infinity"), ("updates", "counter 'updates' is -1"), ("wall_s", "counter 'wall_s'"),
+])
+def test_checkpoints_with_impossible_values_are_refused(tmp_path, change, words):
+    from gossiprl.agent import CheckpointError, load_checkpoint, save_checkpoint
+
+    state = _checkpoint_state(**({"updates": -1} if change == "updates" else
+                                 {"wall_s": float("nan")} if change == "wall_s" else {}))
+    if change == "nan":
+        next(iter(state["model"].values())).view(-1)[0] = float("nan")
+    save_checkpoint(tmp_path / "c.pt", state)
+    with pytest.raises(CheckpointError, match=words):
+        load_checkpoint(tmp_path / "c.pt")
+
+
+@pytest.mark.parametrize("where", ["torch.save", "os.fsync", "os.replace"])
+def test_a_failed_checkpoint_write_keeps_the_old_one_and_leaves_no_temp_file(tmp_path, monkeypatch, where):
+    import errno
+
+    from gossiprl import agent
+    from gossiprl.agent import load_checkpoint, save_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    assert save_checkpoint(path, _checkpoint_state())
+    before = path.read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    module, name = where.split(".")
+    monkeypatch.setattr(getattr(agent, module), name, full)
+    assert save_checkpoint(path, _checkpoint_state(updates=99)) is False
+    monkeypatch.undo()
+    assert path.read_bytes() == before and not (tmp_path / "checkpoint.pt.tmp").exists()
+    assert load_checkpoint(path)["counters"]["updates"] == 3
+
+
+def test_training_goes_on_when_the_run_dir_cannot_be_written(tmp_path, monkeypatch):
+    import errno
+
+    from gossiprl import agent
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(agent.torch, "save", read_only)
+    cfg = agent.AgentConfig(total_frames=400, checkpoint_every=2, log_every=2, torch_threads=1,
+                            a2c=A2CConfig(num_envs=4))
+    summary = agent.train(cfg, tmp_path, rank=0)
+    assert summary["frames"] >= 400
+    assert not list((tmp_path / "agent-0").glob("checkpoint.pt*"))
+
+
+def test_resuming_with_another_env_is_refused_naming_both(tmp_path):
+    from gossiprl import agent
+
+    cfg = agent.AgentConfig(total_frames=80, torch_threads=1, a2c=A2CConfig(num_envs=4))
+    agent.train(cfg, tmp_path, rank=0)
+    other = agent.AgentConfig(env_id="Acrobot-v1", total_frames=160, torch_threads=1, a2c=A2CConfig(num_envs=4))
+    with pytest.raises(agent.CheckpointError, match="trained on CartPole-v1, this run asks for Acrobot-v1"):
+        agent.train(other, tmp_path, rank=0, resume=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
+def test_asking_for_cuda_without_a_gpu_says_so():
+    from gossiprl.agent import pick_device
+
+    with pytest.raises(RuntimeError, match="no CUDA GPU is visible"):
+        pick_device("cuda", rank=3)

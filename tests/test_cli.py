@@ -1,13 +1,16 @@
 """The `gossiprl` command as a user meets it: clear one-line errors, and real short runs."""
 import json
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from gossiprl.cli import main
@@ -31,6 +34,8 @@ def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
     (["run", "--topology", "mesh"], "ring, sparse, full"),
     (["run", "--mode", "eventual"], "sync"),
     (["run", "--stop-at-return", "high"], "'auto' or 'none'"),
+    (["run", "--aggregate", "mode"], "trimmed-mean"),
+    (["run", "--deviation-bound", "0.5"], "factor > 1, or 0"),
     (["broker", "--agents", "4", "--topology", "sparse", "--peers", "9"], "peers"),
 ])
 def test_bad_input_gets_one_clear_error(args, words):
@@ -144,3 +149,67 @@ def test_agents_stop_by_themselves_when_the_launcher_is_killed(tmp_path):
     assert not [pid for pid in children if _alive(pid)], "agent processes outlived a killed launcher"
     for rank in (0, 1):
         assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
+
+
+def test_resume_with_another_env_is_refused_naming_both(tmp_path):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"agent": {"env_id": "CartPole-v1"}}))
+    result = invoke("run", "--agents", "2", "--env", "Acrobot-v1", "--run-dir", run_dir, "--resume", "--no-progress")
+    assert result.exit_code == 1
+    assert "trained on CartPole-v1, this run asks for Acrobot-v1" in result.output
+
+
+def test_eval_of_a_corrupt_checkpoint_is_one_line_naming_the_file(tmp_path):
+    (tmp_path / "agent-0").mkdir()
+    (tmp_path / "agent-0" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    result = invoke("eval", tmp_path)
+    assert result.exit_code == 1 and "agent-0/checkpoint.pt: not a readable checkpoint" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_an_agent_with_a_rank_the_swarm_lacks_gets_one_line(tmp_path):
+    import topologies
+    from gossiprl import Broker
+
+    with Broker(topologies.make("ring", 2)).start() as broker:
+        result = invoke("agent", "--connect", broker.address, "--rank", 5, "--total-frames", 80,
+                        "--run-dir", tmp_path)
+    assert result.exit_code == 1 and "rank 5 out of range" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", [["run"], ["eval", "."], ["agent", "--connect", "tcp://127.0.0.1:1"]])
+def test_training_commands_on_the_comms_only_install_say_which_extra(monkeypatch, command):
+    monkeypatch.setitem(sys.modules, "gymnasium", None)  # what `import gymnasium` meets without the rl extra
+    result = invoke(*command)
+    assert result.exit_code == 1 and "install the rl extra: pip install -e '.[rl]'" in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
+@pytest.mark.parametrize("command", [["run"], ["agent", "--connect", "tcp://127.0.0.1:1", "--rank", "0"],
+                                     ["eval", "."]])
+def test_device_cuda_without_a_gpu_is_refused_at_start(command):
+    result = invoke(*command, "--device", "cuda")
+    assert result.exit_code == 2 and "no CUDA GPU is visible" in result.output
+
+
+@pytest.mark.timeout(30)
+def test_an_agent_waiting_for_an_absent_broker_obeys_stop(tmp_path):
+    from gossiprl.agent import AgentConfig
+    from gossiprl.launch import RunError, run_agent
+
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(RunError, match="stopped while waiting for the broker"):
+        run_agent("tcp://127.0.0.1:9", 0, AgentConfig(total_frames=80), tmp_path, stop=stop, connect_timeout=120,
+                  echo=lambda line: None)
+    assert time.monotonic() - t0 < 6  # within one liveness window of the signal, not the 120 s connect timeout
+
+
+def test_bench_mix_prints_mix_and_axpy_from_one_run():
+    result = invoke("bench", "mix", "--params", 50000, "--reps", 3)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "axpy" in line]
+    assert len(lines) == 2 and all(re.search(r"mix .* ms, axpy .* ms: \d+\.\d\dx", line) for line in lines)

@@ -3,7 +3,9 @@ broker's logic; a public bind needs keys or --insecure; nothing received is unpi
 or imported anywhere in the package."""
 import ast
 import logging
+import shutil
 import stat
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -190,6 +192,71 @@ def test_missing_or_malformed_keys_get_one_line_errors(tmp_path, keyring):
     result = invoke("agent", "--connect", "tcp://127.0.0.1:1", "--rank", 0,
                     "--curve-secret", bad, "--curve-broker", keyring / "broker/broker.key")
     assert result.exit_code == 1 and "malformed CURVE key" in result.output
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o666])
+def test_a_secret_key_other_users_can_read_is_refused_with_the_fix(tmp_path, mode):
+    public, secret = keys.generate(tmp_path / "k", "agent")
+    secret.chmod(mode)
+    with pytest.raises(PermissionError, match=rf"{secret} is open to other users.*chmod 600 {secret}"):
+        keys.load_secret(secret)
+    result = invoke("agent", "--connect", "tcp://127.0.0.1:1", "--rank", 0,
+                    "--curve-secret", secret, "--curve-broker", public)
+    assert result.exit_code == 1 and "chmod 600" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("what", ["directory", "key file"])
+def test_an_allow_directory_others_can_write_is_refused_with_the_fix(tmp_path, keyring, what):
+    allow = tmp_path / "allow"
+    allow.mkdir(mode=0o755)
+    shutil.copy(keyring / "agents" / "agent-0.key", allow / "agent-0.key")
+    (allow / "agent-0.key").chmod(0o644)
+    target = allow if what == "directory" else allow / "agent-0.key"
+    target.chmod(0o777 if what == "directory" else 0o666)
+    with pytest.raises(PermissionError, match=rf"{target} is writable by other users.*chmod go-w {target}"):
+        keys.load_allowed(allow)
+    result = invoke("broker", "--curve-secret", keyring / "broker/broker.key_secret", "--curve-allow", allow,
+                    "--agents", 2)
+    assert result.exit_code == 1 and "chmod go-w" in result.output
+    target.chmod(0o755 if what == "directory" else 0o644)
+    assert len(keys.load_allowed(allow)) == 1
+
+
+@pytest.mark.timeout(30)
+def test_an_agent_the_broker_refuses_stops_retrying_and_says_why(secure_ring2, keyring, tmp_path):
+    from gossiprl.agent import AgentConfig
+    from gossiprl.launch import RunError, run_agent
+
+    t0 = time.monotonic()
+    with pytest.raises(RunError, match="not in the broker's --curve-allow directory; not retrying"):
+        run_agent(secure_ring2.address, 0, AgentConfig(total_frames=80), tmp_path, connect_timeout=60,
+                  curve=agent_curve(keyring, "intruder"), echo=lambda line: None)
+    assert time.monotonic() - t0 < 15  # one liveness window, not the 60 s connect timeout
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_a_local_swarm_is_closed_to_other_users_of_the_host(tmp_path, transport):
+    """`gossiprl run`'s broker: an ipc socket in a 0700 directory, or tcp loopback with throwaway keys."""
+    from gossiprl.launch import private_endpoint
+
+    private = Path(tempfile.mkdtemp(dir=tmp_path))
+    bind, broker_curve, agent_curve = private_endpoint(private, transport)
+    with Broker(topologies.make("ring", 2), bind, curve=broker_curve).start() as broker:
+        member = GossipClient(broker.address, 0, curve=agent_curve)
+        if transport == "ipc":
+            socket_dir = Path(broker.address.removeprefix("ipc://")).parent
+            assert socket_dir == private and stat.S_IMODE(socket_dir.stat().st_mode) == 0o700
+        else:
+            assert broker_curve is not None
+            for path in (private / "broker", private / "agents"):
+                assert stat.S_IMODE(path.stat().st_mode) == 0o700
+            with pytest.raises(BrokerUnavailable, match="requires CURVE keys"):
+                GossipClient(broker.address, 1, heartbeat=0.1, liveness=5)
+        member.close()
 
 
 # ------------------------------------------------------------------ nothing received is executed

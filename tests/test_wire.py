@@ -1,4 +1,6 @@
 """Wire format: round trips without sockets, and refusal of everything malformed."""
+import re
+
 import msgpack
 import numpy as np
 import pytest
@@ -70,6 +72,24 @@ def test_bf16_rounds_to_nearest_even_and_keeps_specials():
     np.testing.assert_array_equal(out[:3], [1.0, 1.0, 1.0 + 2 ** -6])
     assert np.isposinf(out[3]) and np.isneginf(out[4]) and np.isnan(out[5])
     assert np.signbit(out[7]) and not np.signbit(out[6])
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("codec,big,limit", [("fp16", 70000.0, "65504"), ("bf16", 3.4e38, "3.38953e+38"),
+                                             ("fp16", 1e30, "65504")])
+def test_compressed_codecs_refuse_finite_values_they_would_turn_into_infinity(kind, codec, big, limit):
+    """A receiver drops a letter holding infinity: the sender must hear why, naming the tensor and the limit."""
+    x = np.array([1.0, -big, 2.0], np.float32)
+    if kind == "torch":
+        x = pytest.importorskip("torch").from_numpy(x)
+    with pytest.raises(ValueError, match=rf"'w'.*{re.escape(f'{big:.6g}')}.*{codec}.*{re.escape(limit)}.*codec='raw'"):
+        wire.pack_tensors({"w": x}, codec)
+
+
+def test_compressed_codecs_still_carry_what_fits_and_pass_infinity_on():
+    edge = np.array([65504.0, -65504.0, np.inf], np.float32)
+    out = roundtrip({"x": edge}, "fp16")["x"]
+    assert out[0] == 65504.0 and out[1] == -65504.0 and np.isposinf(out[2])
 
 
 def test_torch_tensors_travel_and_decode_to_numpy():
