@@ -28,8 +28,13 @@ MAX_QUEUED_REPLIES = 64
 ZMQ_SNDHWM this bounds what the broker holds for a peer to this many DELIVERs."""
 RECEIVE_QUEUE = 16
 """Messages ZeroMQ queues from one peer before TCP pushes back on it (ZMQ_RCVHWM)."""
+MAX_HELLO_BYTES = 4096
+"""The largest header an unregistered peer can make the broker parse; its payload frames are never read."""
 HANDSHAKE_MS = 5000
 """A connection that has not finished its ZMTP (or CURVE) handshake by then is closed."""
+REFUSALS = (zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+"""Socket events that mean a peer could not connect: counted and logged."""
 
 
 @dataclass
@@ -81,7 +86,7 @@ class Broker:
         self._sock.setsockopt(zmq.SNDHWM, max_queued_replies)
         self._sock.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
         self._sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        self._monitor = self._sock.get_monitor_socket(REFUSALS)
         try:
             self._sock.bind(bind.replace(":0", ":*") if bind.startswith("tcp://") and bind.endswith(":0") else bind)
         except BaseException:
@@ -144,9 +149,12 @@ class Broker:
     def __exit__(self, *exc):
         self.close()
 
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the serving thread to end; True while it still serves."""
+        if self._thread is None:
+            return False
+        self._thread.join(timeout)
+        return self._thread.is_alive()
 
     def serve_forever(self) -> None:
         poller = zmq.Poller()
@@ -226,6 +234,9 @@ class Broker:
         try:
             if sum(len(f) for f in body) > self.max_payload_bytes + wire.MAX_HEADER_BYTES:
                 raise wire.WireError(f"message over the {self.max_payload_bytes}-byte payload limit", "too-large")
+            if identity not in self._by_identity and body and len(body[0]) > MAX_HELLO_BYTES:
+                raise wire.WireError(f"not registered: send HELLO first (until then, headers over "
+                                     f"{MAX_HELLO_BYTES} bytes are not read)", "not-registered")
             msg = wire.decode_header(body, self.max_payload_bytes)
             seq = msg.get("seq")
             if msg.cmd not in wire.CLIENT_COMMANDS:
@@ -322,7 +333,7 @@ class Broker:
         self._reply(identity, wire.WELCOME, {
             "seq": msg.get("seq"), "rank": rank, "n": self.topology.n, "round": self.locks.ranks[rank].round,
             "mode": self.mode, "max_staleness": self.max_staleness, "peer_timeout": self.peer_timeout,
-            "topology": self.topology.to_dict(),
+            "max_payload": self.max_payload_bytes, "topology": self.topology.to_dict(),
         })
         if rank in self.locks.gone_ranks:
             log.warning("broker: agent %d is back; rewiring the topology to include it", rank)

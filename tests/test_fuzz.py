@@ -21,6 +21,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 import topologies
 from gossiprl import Broker, GossipClient, mix, wire
+from gossiprl.broker import MAX_HELLO_BYTES
 
 CTX = zmq.Context.instance()
 MIB = 1 << 20
@@ -719,6 +720,8 @@ def expected_reply(frames, topology):
     Checks run cheapest first: the header, then registration (so an unregistered PUBLISH gets
     not-registered whatever its tensor schema). Every valid rank is held by a live real agent and
     no input asks for a takeover, so a HELLO that passes the range and topology checks gets rank-taken."""
+    if len(frames[0]) > MAX_HELLO_BYTES:  # refused unread
+        return "not-registered", None
     try:
         msg = wire.decode_header(frames, MAX_PAYLOAD)
     except wire.WireError as err:
