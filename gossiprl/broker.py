@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+import topologies
+
 from . import keys, wire
 from .turnlocks import MODES, Reply, TurnLocks
 
@@ -43,6 +45,8 @@ class Agent:
 
     rank: int
     identity: bytes | None = None
+    key: str | None = None
+    """The CURVE public key (Z85) the rank is held with: only the same key may take it over."""
     last_seen: float = 0.0
     registrations: int = 0
 
@@ -67,6 +71,8 @@ class Broker:
                  context: zmq.Context | None = None, curve=None, insecure: bool = False):
         self.locks = TurnLocks(topology, mode, max_staleness)
         self.topology = topology
+        self._digest = topology.digest()
+        self._welcome_topology = _wire_topology(topology)
         self.mode = mode
         self.max_staleness = max_staleness
         self.peer_timeout = peer_timeout
@@ -243,7 +249,7 @@ class Broker:
                 raise wire.WireError(f"{msg.cmd} is a broker reply, not a request; valid requests: "
                                      f"{', '.join(wire.CLIENT_COMMANDS)}", "unknown-command")
             if msg.cmd == wire.HELLO:
-                self._on_hello(identity, msg)
+                self._on_hello(identity, msg, self._key_of(body[0]))
                 return
             agent = self._by_identity.get(identity)
             if agent is None:
@@ -302,23 +308,35 @@ class Broker:
 
     # ------------------------------------------------------------ registration
 
-    def _on_hello(self, identity: bytes, msg: wire.Message) -> None:
+    def _key_of(self, frame) -> str | None:
+        """The CURVE key a message came with (the User-Id our ZAP handler set), None without CURVE."""
+        return frame.get("User-Id") if self._curve is not None else None
+
+    def _on_hello(self, identity: bytes, msg: wire.Message, key: str | None) -> None:
         rank, n = msg["rank"], msg.get("n")
         if not 0 <= rank < self.topology.n:
             raise wire.WireError(f"rank {rank} out of range; this swarm has ranks 0..{self.topology.n - 1}",
                                  "rank-range")
+        granted = self._curve.grants.get(key) if key is not None else None
+        if granted is not None and rank not in granted:
+            raise wire.WireError(f"this agent's key may hold ranks {_ranges(granted)}, not rank {rank} "
+                                 "(the ranks line of its .key file in the broker's allow directory)",
+                                 "rank-forbidden")
         if n is not None and n != self.topology.n:
             raise wire.WireError(f"client expects {n} agents, the broker's topology has {self.topology.n}",
                                  "topology-mismatch")
         digest = msg.get("topology")
-        if digest is not None and digest != self.topology.digest():
+        if digest is not None and digest != self._digest:
             raise wire.WireError("client's topology differs from the broker's (digest mismatch)",
                                  "topology-mismatch")
         agent = self._agents[rank]
         now = time.monotonic()
-        if (agent.identity not in (None, identity)
-                and now - agent.last_seen < self.peer_timeout and msg.get("takeover") is not True):
-            raise wire.WireError(f"rank {rank} is already registered by a live agent", "rank-taken")
+        if agent.identity not in (None, identity) and now - agent.last_seen < self.peer_timeout:
+            if msg.get("takeover") is not True:
+                raise wire.WireError(f"rank {rank} is already registered by a live agent", "rank-taken")
+            if key != agent.key:
+                raise wire.WireError(f"rank {rank} is held with another key: only the same key may take it over",
+                                     "rank-taken")
         if agent.identity is not None:
             self._by_identity.pop(agent.identity, None)
             if agent.identity != identity:
@@ -327,13 +345,13 @@ class Broker:
                         "seq": parked.seq, "code": "taken-over",
                         "reason": f"rank {rank} was registered again by another connection; "
                                   "this request will never be answered"})
-        agent.identity, agent.last_seen = identity, now
+        agent.identity, agent.key, agent.last_seen = identity, key, now
         agent.registrations += 1
         self._by_identity[identity] = agent
         self._reply(identity, wire.WELCOME, {
             "seq": msg.get("seq"), "rank": rank, "n": self.topology.n, "round": self.locks.ranks[rank].round,
             "mode": self.mode, "max_staleness": self.max_staleness, "peer_timeout": self.peer_timeout,
-            "max_payload": self.max_payload_bytes, "topology": self.topology.to_dict(),
+            "max_payload": self.max_payload_bytes, "topology": self._welcome_topology,
         })
         if rank in self.locks.gone_ranks:
             log.warning("broker: agent %d is back; rewiring the topology to include it", rank)
@@ -344,9 +362,10 @@ class Broker:
         log.log(level, "broker: agent %d %s; rewiring the topology around it", agent.rank, why)
         self._by_identity.pop(agent.identity, None)
         agent.identity = None
-        if not self._by_identity:
-            self._schema = None
         self._send(self.locks.gone(agent.rank, time.monotonic()))
+        if not self._by_identity:  # the swarm is empty: the next one may bring another schema
+            self._schema = None
+            self.locks.drop_letters()
 
     def _declared_gone(self, rank: int) -> None:
         if rank not in self.locks.gone_ranks:
@@ -391,6 +410,27 @@ class Broker:
         return {"mode": self.mode, "address": self.address, "n": self.topology.n, "instance": self.instance,
                 "uptime_s": round(time.time() - self.started, 3), "errors": dict(self.errors),
                 "events": {**self.events, **self.locks.events}, "agents": agents}
+
+
+def _ranges(ranks) -> str:
+    """0-3,7 for {0, 1, 2, 3, 7}."""
+    out, ordered = [], sorted(ranks)
+    for k, r in enumerate(ordered):
+        if k and r == ordered[k - 1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)
+
+
+def _wire_topology(topology) -> dict:
+    """The topology as WELCOME carries it, built once: a named topology travels as its recipe
+    (name, n, options, digest), so a HELLO costs the same at n = 4,096 as at n = 2; only a
+    matrix of the user's own travels whole."""
+    d = topology.to_dict()
+    if topology.name in topologies.NAMES:
+        del d["matrix"]
+    return d
 
 
 def _describe(schema: tuple) -> str:

@@ -154,6 +154,15 @@ class TurnLocks:
         self._rewire(now)
         return self._sent()
 
+    def drop_letters(self) -> None:
+        """Forget every letter: the swarm emptied, and what its last agents wrote must not reach
+        (or, in another tensor schema, poison) the agents of the next one."""
+        for _ in self.mailbox:
+            self._note("letters-dropped-by-rewiring")
+        self.mailbox.clear()
+        for me in self.ranks:
+            me.last_letter = None
+
     # ------------------------------------------------------------ the topology in force
 
     def row(self, i: int):

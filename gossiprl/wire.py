@@ -269,7 +269,8 @@ def parse_specs(raw: Any, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[
             raise WireError(f"tensor {name!r}: dtype {_show(dtype)}/{_show(decode_as)} not allowed; "
                             f"valid: {', '.join(DTYPES)}", "bad-dtype")
         if (dtype != decode_as) and not (dtype in _FLOATS and decode_as in _FLOATS):
-            raise WireError(f"tensor {name!r}: only floats may be compressed, not {decode_as} as {dtype}", "bad-dtype")
+            raise WireError(f"tensor {name!r}: only floats may be compressed; {decode_as} cannot travel as {dtype}",
+                            "bad-dtype")
         if (not isinstance(shape, list) or len(shape) > MAX_NDIM
                 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
             raise WireError(f"tensor {name!r}: shape must be a list of at most {MAX_NDIM} non-negative ints")
@@ -325,7 +326,8 @@ def decode_header(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES
                                  max_str_len=MAX_HEADER_BYTES,
                                  max_bin_len=0, max_array_len=65536, max_map_len=MAX_TENSORS)
     except Exception as exc:  # msgpack raises many types on garbage; all mean the same here
-        raise WireError(f"header is not valid msgpack ({type(exc).__name__})") from None
+        raise WireError(f"header is not a GRP msgpack map: invalid msgpack, a bin value, or over a size limit "
+                        f"({type(exc).__name__})") from None
     if not isinstance(header, dict):
         raise WireError("header must be a msgpack map")
     try:
@@ -342,8 +344,8 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
                         "version")
     cmd = header.get("cmd")
     if not isinstance(cmd, str) or (cmd not in CLIENT_COMMANDS and cmd not in BROKER_COMMANDS):
-        raise WireError(f"unknown command {_show(cmd)}; valid: {', '.join(CLIENT_COMMANDS + BROKER_COMMANDS)}",
-                        "unknown-command")
+        raise WireError(f"unknown command {_show(cmd)}; valid requests: {', '.join(CLIENT_COMMANDS)}; "
+                        f"replies: {', '.join(BROKER_COMMANDS)}", "unknown-command")
     msg = Message(cmd, header, list(frames[1:]))
     # seq is nil only in an ERROR about a request that could not be read, and optional on HELLO, PING, BYE
     _need_int(header, "seq", cmd, 0, optional=cmd not in (PUBLISH, COLLECT))
