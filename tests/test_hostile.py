@@ -13,7 +13,7 @@ import pytest
 import zmq
 from click.testing import CliRunner
 from test_fuzz import (MIB, assert_error, assert_pair_gossips, ask, close_broker, dealer, head, leave, letter,
-                       new_broker, publish_frames, register)
+                       new_broker, publish_frames, register, ring2)  # noqa: F401 - ring2 is a fixture
 
 import gossiprl.broker as broker_module
 import topologies
@@ -21,13 +21,6 @@ from gossiprl import Broker, BrokerUnavailable, GossipClient, GossipError, keys,
 from gossiprl.cli import main
 
 RING2 = topologies.make("ring", 2)
-
-
-@pytest.fixture
-def ring2():
-    broker = new_broker(RING2)
-    yield broker
-    assert close_broker(broker), "broker.close() hung"
 
 
 # ---------------------------------------------------------------- A. the broker never stops serving
