@@ -9,6 +9,8 @@ and forwarded as the zmq frames that arrived, never copied in Python.
 from __future__ import annotations
 
 import logging
+import math
+import operator
 import threading
 import time
 import traceback
@@ -69,6 +71,9 @@ class Broker:
                  max_payload_bytes: int = wire.DEFAULT_MAX_PAYLOAD_BYTES,
                  max_queued_replies: int = MAX_QUEUED_REPLIES,
                  context: zmq.Context | None = None, curve=None, insecure: bool = False):
+        if isinstance(peer_timeout, bool) or not isinstance(peer_timeout, (int, float)) or not (
+                math.isfinite(peer_timeout) and peer_timeout > 0):
+            raise ValueError(f"peer_timeout must be a finite number of seconds > 0, got {peer_timeout!r}")
         self.locks = TurnLocks(topology, mode, max_staleness)
         self.topology = topology
         self._digest = topology.digest()
@@ -205,8 +210,12 @@ class Broker:
 
         Safe from any thread: the request travels to the broker's thread over an inproc socket.
         """
-        if type(rank) is not int or not 0 <= rank < self.topology.n:
-            raise ValueError(f"rank must be an int from 0 to {self.topology.n - 1}, got {rank!r}")
+        try:
+            rank = None if isinstance(rank, bool) else operator.index(rank)  # numpy ints too, not 1.0 or "1"
+        except TypeError:
+            rank = None
+        if rank is None or not 0 <= rank < self.topology.n:
+            raise ValueError(f"rank must be an int from 0 to {self.topology.n - 1}")
         self._tell(str(rank).encode())
 
     def _tell(self, order: bytes) -> None:

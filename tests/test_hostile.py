@@ -371,3 +371,17 @@ def test_a_bad_ranks_line_is_refused_with_the_file_named(bound_keys):
     path.write_text(path.read_text().replace('ranks = "0"', 'ranks = "3-1"'))
     with pytest.raises(ValueError, match=r"agent-0.key: ranks = \"3-1\""):
         keys.load_grants(bound_keys / "agents")
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("nan"), float("inf"), True, "60"])
+def test_a_peer_timeout_that_would_disable_or_break_expiry_is_refused(bad):
+    """Issue 9 item 16: nan silently disabled dead-agent detection."""
+    with pytest.raises(ValueError, match="peer_timeout must be a finite number"):
+        Broker(RING2, peer_timeout=bad)
+
+
+def test_declare_gone_takes_numpy_ints_and_refuses_the_rest(ring2):
+    ring2.declare_gone(np.int64(1))
+    for bad in (2, -1, 1.0, "1", True):
+        with pytest.raises(ValueError, match="rank must be an int from 0 to 1"):
+            ring2.declare_gone(bad)
