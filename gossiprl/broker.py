@@ -15,7 +15,8 @@ import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -28,8 +29,11 @@ from .turnlocks import MODES, Reply, TurnLocks
 log = logging.getLogger("gossiprl.broker")
 
 MAX_QUEUED_REPLIES = 64
-"""Replies queued for one peer before it counts as no longer reading (and is treated as gone): with
-ZMQ_SNDHWM this bounds what the broker holds for a peer to this many DELIVERs."""
+"""Replies queued for one peer (ZMQ_SNDHWM) before it counts as no longer reading and is treated as gone."""
+MAX_QUEUED_BYTES = 256 << 20
+"""Letter bytes in DELIVERs not yet handed to the kernel for one peer, past which (beyond the one
+DELIVER always allowed) it counts as no longer reading: what the broker holds for a peer is bounded
+in bytes as well as in replies."""
 RECEIVE_QUEUE = 16
 """Messages ZeroMQ queues from one peer before TCP pushes back on it (ZMQ_RCVHWM)."""
 MAX_HELLO_BYTES = 4096
@@ -47,6 +51,8 @@ class Agent:
 
     rank: int
     identity: bytes | None = None
+    queued: deque = field(default_factory=deque)
+    """(tracker, bytes) of the DELIVERs zmq still holds for this peer."""
     key: str | None = None
     """The CURVE public key (Z85) the rank is held with: only the same key may take it over."""
     last_seen: float = 0.0
@@ -69,7 +75,7 @@ class Broker:
     def __init__(self, topology, bind: str = "tcp://127.0.0.1:0", *, mode: str = "sync",
                  max_staleness: int | None = None, peer_timeout: float = 60.0,
                  max_payload_bytes: int = wire.DEFAULT_MAX_PAYLOAD_BYTES,
-                 max_queued_replies: int = MAX_QUEUED_REPLIES,
+                 max_queued_replies: int = MAX_QUEUED_REPLIES, max_queued_bytes: int = MAX_QUEUED_BYTES,
                  context: zmq.Context | None = None, curve=None, insecure: bool = False):
         if isinstance(peer_timeout, bool) or not isinstance(peer_timeout, (int, float)) or not (
                 math.isfinite(peer_timeout) and peer_timeout > 0):
@@ -82,6 +88,7 @@ class Broker:
         self.max_staleness = max_staleness
         self.peer_timeout = peer_timeout
         self.max_payload_bytes = max_payload_bytes
+        self.max_queued_bytes = max_queued_bytes
         self.instance = uuid.uuid4().hex[:16]
         """Sent in every reply: a client that sees it change knows for certain the broker restarted."""
         keys.check_bind(bind, curve is not None, insecure)
@@ -302,9 +309,22 @@ class Broker:
 
     def _send(self, replies: list[Reply]) -> None:
         for r in replies:
-            identity = self._agents[r.rank].identity
-            if identity is not None:
-                self._reply(identity, r.cmd, r.fields, r.payload)
+            agent = self._agents[r.rank]
+            if agent.identity is None:
+                continue
+            if not r.payload:
+                self._reply(agent.identity, r.cmd, r.fields)
+                continue
+            while agent.queued and agent.queued[0][0].done:
+                agent.queued.popleft()
+            held = sum(nbytes for _, nbytes in agent.queued)
+            if held and held + sum(len(f) for f in r.payload) > self.max_queued_bytes:
+                self._note("stopped-reading")
+                self._leave(agent, f"stopped reading its replies ({held} bytes of letters unread)")
+                continue
+            frames = [zmq.Frame(f.buffer if isinstance(f, zmq.Frame) else f, track=True) for f in r.payload]
+            if self._reply(agent.identity, r.cmd, r.fields, frames):
+                agent.queued.append((zmq.MessageTracker(*frames), sum(len(f) for f in frames)))
 
     def _count(self, code: str) -> None:
         """A refused request, by its ERROR code (PROTOCOL.md section 4)."""
@@ -348,6 +368,7 @@ class Broker:
                                      "rank-taken")
         if agent.identity is not None:
             self._by_identity.pop(agent.identity, None)
+            agent.queued.clear()
             if agent.identity != identity:
                 for parked in self.locks.cancel(rank):
                     self._reply(agent.identity, wire.ERROR, {
@@ -371,6 +392,7 @@ class Broker:
         log.log(level, "broker: agent %d %s; rewiring the topology around it", agent.rank, why)
         self._by_identity.pop(agent.identity, None)
         agent.identity = None
+        agent.queued.clear()
         self._send(self.locks.gone(agent.rank, time.monotonic()))
         if not self._by_identity:  # the swarm is empty: the next one may bring another schema
             self._schema = None

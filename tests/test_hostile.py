@@ -153,9 +153,11 @@ def test_a_message_whose_frames_add_up_past_the_limit_is_too_large(mib_broker):
 
 
 @pytest.mark.timeout(30)
-def test_a_registered_peer_that_stops_reading_is_treated_as_gone():
+@pytest.mark.parametrize("limit, why", [({"max_queued_bytes": MIB}, "bytes of letters unread"),
+                                        ({"max_queued_replies": 4}, "queued")])
+def test_a_registered_peer_that_stops_reading_is_treated_as_gone(limit, why, caplog):
     """B5: a registered socket that sent COLLECTs and never read made the broker queue every DELIVER."""
-    broker = new_broker(RING2)
+    broker = new_broker(RING2, **limit)
     vandal = dealer(broker, RCVHWM=1, RCVBUF=4096, SNDTIMEO=2000)
     a = GossipClient(broker.address, 0, timeout=10)
     x = np.zeros(64 * 1024, np.float32)  # 256 KiB letters
@@ -187,6 +189,7 @@ def test_a_registered_peer_that_stops_reading_is_treated_as_gone():
             time.sleep(0.05)
         stats = broker.stats()
         assert stats["agents"][1]["gone"] and stats["events"].get("stopped-reading") == 1, stats["events"]
+        assert any("stopped reading" in r.getMessage() and why in r.getMessage() for r in caplog.records)
         done = len(rounds)
         time.sleep(0.5)
         assert len(rounds) > done, "rank 0 does not go on alone once the vandal is gone"
