@@ -22,7 +22,9 @@ MODES = ("sync", "async")
 ACK, DELIVER = "ACK", "DELIVER"
 
 BYPASS_CACHE = 32
-"""How many ``Topology.without(gone)`` results are kept: agents coming and going must not grow memory."""
+BYPASS_CACHE_BYTES = 256 << 20
+"""How many ``Topology.without(gone)`` results are kept (at most BYPASS_CACHE, and at most this many
+bytes of dense matrices): agents coming and going must not grow memory."""
 
 
 @dataclass
@@ -101,6 +103,7 @@ class TurnLocks:
         self.mailbox: dict[tuple[int, int], Letter] = {}
         self.events: dict[str, int] = {}
         self._bypassed: OrderedDict[frozenset, Any] = OrderedDict()
+        self._cache_size = max(2, min(BYPASS_CACHE, BYPASS_CACHE_BYTES // (8 * topology.n ** 2 * topology.period)))
         self._rewire_pending = False
         self._out: list[Reply] = []
 
@@ -180,7 +183,7 @@ class TurnLocks:
         hit = self._bypassed.get(gone)
         if hit is None:
             hit = self._bypassed[gone] = self.topology.without(gone)
-            if len(self._bypassed) > BYPASS_CACHE:
+            if len(self._bypassed) > self._cache_size:
                 self._bypassed.popitem(last=False)
         else:
             self._bypassed.move_to_end(gone)
@@ -190,9 +193,20 @@ class TurnLocks:
         return set(self.row(i).in_peers(i, round))
 
     def _out_peers(self, j: int, round: int) -> set[int]:
+        """Who reads j's letter of ``round`` now. Bypassing a gone d only wires d's in-peers to d's
+        out-peers, so the readers are among j's out-peers and, through gone agents, theirs: only
+        those rows are looked at (O(degree), not O(n), rows per call)."""
+        out = set(self.topology.out_peers(j, round))
         if not self.gone_ranks:
-            return set(self.topology.out_peers(j, round))
-        return {i for i in range(self.topology.n) if i != j and j in self._in_peers(i, round)}
+            return out
+        candidates, todo = set(out), [d for d in out if d in self.gone_ranks]
+        while todo:
+            for i in self.topology.out_peers(todo.pop(), round):
+                if i not in candidates:
+                    candidates.add(i)
+                    if i in self.gone_ranks:
+                        todo.append(i)
+        return {i for i in candidates if i != j and j in self._in_peers(i, round)}
 
     def _note(self, event: str) -> None:
         self.events[event] = self.events.get(event, 0) + 1

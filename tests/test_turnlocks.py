@@ -230,6 +230,14 @@ class Swarm(RuleBasedStateMachine):
                 assert all(v >= 0 for v in w.values())
 
     @invariant()
+    def readers_are_exactly_those_whose_row_holds_the_writer(self):
+        n = self.TOPOLOGY.n
+        for j in range(n):
+            for t in range(self.TOPOLOGY.period):
+                brute = {i for i in range(n) if i != j and j in self.locks.row(i).in_peers(i, t)}
+                assert self.locks._out_peers(j, t) == brute, (j, t, self.locks.gone_ranks)
+
+    @invariant()
     def a_parked_collect_is_one_whose_turn_has_not_come(self):
         for i in self.live:
             parked = self.locks.ranks[i].collect
