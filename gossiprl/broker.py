@@ -24,7 +24,7 @@ from zmq.utils.monitor import recv_monitor_message
 import topologies
 
 from . import keys, wire
-from .turnlocks import MODES, Reply, TurnLocks
+from .turnlocks import Reply, TurnLocks
 
 log = logging.getLogger("gossiprl.broker")
 
@@ -126,7 +126,6 @@ class Broker:
         self._schema: tuple | None = None
         """The tensor schema of the registered agents' letters: set by the first PUBLISH, forgotten
         when the last agent leaves, so one stray publisher cannot bind later swarms."""
-        self._schema_bytes = 0
         self.errors: dict[str, int] = {}
         self.events: dict[str, int] = {}
         self.failure: str | None = None

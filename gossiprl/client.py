@@ -235,7 +235,9 @@ class GossipClient:
                 return self._roundtrip(requests, timeout)
             except _BrokerRestarted:
                 if attempt:
-                    raise self._unavailable(0.0) from None
+                    self._reset()
+                    raise BrokerUnavailable(f"rank {self.rank}: the broker at {self.address} restarted twice "
+                                            "during one call") from None
             except GossipError as err:
                 if err.code != "not-registered" or not register or attempt:
                     raise
