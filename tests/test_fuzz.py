@@ -28,7 +28,8 @@ MIB = 1 << 20
 # Codes a broker answers with (PROTOCOL.md section 4), the keys of stats()["errors"]. What is no
 # one's error ("undeliverable", "expired", "letters-dropped-by-rewiring", ...) is in stats()["events"].
 REPLY_CODES = {"bad-message", "bad-dtype", "too-large", "version", "unknown-command", "not-registered",
-               "rank-range", "rank-taken", "topology-mismatch", "schema-mismatch", "internal"}
+               "rank-range", "rank-taken", "rank-forbidden", "taken-over", "topology-mismatch", "schema-mismatch",
+               "internal"}
 
 
 # ---------------------------------------------------------------- helpers
