@@ -1,80 +1,61 @@
-"""The broker: PALA's data proxy and the keeper of the turn locks, on one ZMQ ROUTER socket.
+"""The broker: PALA's data proxy around the turn locks, on one ZMQ ROUTER socket.
 
-Every directed edge j -> i of the topology is a one-slot mailbox. In sync mode (PALA's
-Algorithm 2) a PUBLISH from j is written into the slot j -> i only once i has consumed
-the previous letter (the writer waits), and a COLLECT from i is answered only once every
-in-peer's slot is full (the reader waits). Waiting costs nothing: a request that cannot
-proceed is parked, and is re-examined only when a slot it waits on changes. In async mode
-(GALA-style) a PUBLISH skips full slots and a COLLECT returns what is there, unless an
-edge has been empty ``max_staleness`` collects in a row.
-
-All lock logic is in the section "Turn locks" below; the rest is registration,
-bookkeeping and the poll loop. Payload frames are stored and forwarded as the zmq frames
-that arrived, never copied in Python.
+The lock logic (mailboxes, parked requests, rewiring around gone agents) is the socket-free
+state machine in gossiprl.turnlocks. This module is what surrounds it, in the order a message
+meets it: the poll loop, the checks (cheapest first: header, registration, then the tensor
+schema), registration, and sending the replies the locks release. Payload frames are stored
+and forwarded as the zmq frames that arrived, never copied in Python.
 """
 from __future__ import annotations
 
 import logging
+import math
+import operator
 import threading
 import time
+import traceback
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+import topologies
 
 from . import keys, wire
+from .turnlocks import Reply, TurnLocks
 
 log = logging.getLogger("gossiprl.broker")
 
-MODES = ("sync", "async")
-
-
-@dataclass
-class Letter:
-    """One published parameter set sitting in a mailbox (shared by all of its sender's out-edges)."""
-
-    sender: int
-    round: int
-    schema: list
-    frames: list
-    nbytes: int
-    written_to: set[int] = field(default_factory=set)
-    """Readers whose slot this letter was put in: after a rewiring, a new reader that missed it gets it."""
-
-
-@dataclass
-class Parked:
-    """A PUBLISH or COLLECT that cannot be answered yet, with the peers it still waits on."""
-
-    seq: int
-    round: int
-    since: float
-    waiting_on: set[int]
-    letter: Letter | None = None
-    written: list[int] = field(default_factory=list)
-    skipped: list[int] = field(default_factory=list)
+MAX_QUEUED_REPLIES = 64
+"""Replies queued for one peer (ZMQ_SNDHWM) before it counts as no longer reading and is treated as gone."""
+MAX_QUEUED_BYTES = 256 << 20
+"""Letter bytes in DELIVERs not yet handed to the kernel for one peer, past which (beyond the one
+DELIVER always allowed) it counts as no longer reading: what the broker holds for a peer is bounded
+in bytes as well as in replies."""
+RECEIVE_QUEUE = 16
+"""Messages ZeroMQ queues from one peer before TCP pushes back on it (ZMQ_RCVHWM)."""
+MAX_HELLO_BYTES = 4096
+"""The largest header an unregistered peer can make the broker parse; its payload frames are never read."""
+HANDSHAKE_MS = 5000
+"""A connection that has not finished its ZMTP (or CURVE) handshake by then is closed."""
+REFUSALS = (zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+"""Socket events that mean a peer could not connect: counted and logged."""
 
 
 @dataclass
 class Agent:
-    """What the broker knows about one rank: who it is on the socket, and its counters."""
+    """Who holds a rank on the socket: the connection side; the lock side is in TurnLocks."""
 
     rank: int
     identity: bytes | None = None
+    queued: deque = field(default_factory=deque)
+    """(tracker, bytes) of the DELIVERs zmq still holds for this peer."""
+    key: str | None = None
+    """The CURVE public key (Z85) the rank is held with: only the same key may take it over."""
     last_seen: float = 0.0
-    round: int = 0
-    publish: Parked | None = None
-    last_letter: Letter | None = None
-    collect: Parked | None = None
-    stale: dict[int, int] = field(default_factory=dict)
-    publishes: int = 0
-    collects: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    publish_wait_s: float = 0.0
-    collect_wait_s: float = 0.0
-    waited_on: dict[int, float] = field(default_factory=dict)
     registrations: int = 0
 
 
@@ -83,6 +64,8 @@ class Broker:
 
     ``Broker(topology).start()`` serves in a background thread; ``serve_forever()`` in the
     calling one. ``address`` is the bound endpoint with the port resolved, ready for clients.
+    If the serving thread ever dies, ``failure`` holds its traceback (``gossiprl broker`` then
+    exits non-zero with it) rather than the process lingering, answering no one.
 
     ``curve=(secret_file, allow_dir)`` makes the socket a CurveZMQ server that admits only the
     agents whose public keys are in ``allow_dir`` (see gossiprl.keys). A bind that is not
@@ -92,17 +75,24 @@ class Broker:
     def __init__(self, topology, bind: str = "tcp://127.0.0.1:0", *, mode: str = "sync",
                  max_staleness: int | None = None, peer_timeout: float = 60.0,
                  max_payload_bytes: int = wire.DEFAULT_MAX_PAYLOAD_BYTES,
+                 max_queued_replies: int = MAX_QUEUED_REPLIES, max_queued_bytes: int = MAX_QUEUED_BYTES,
                  context: zmq.Context | None = None, curve=None, insecure: bool = False):
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
-        if max_staleness is not None and max_staleness < 1:
-            raise ValueError(f"max_staleness must be >= 1 or None, got {max_staleness}")
+        if isinstance(peer_timeout, bool) or not isinstance(peer_timeout, (int, float)) or not (
+                math.isfinite(peer_timeout) and peer_timeout > 0):
+            raise ValueError(f"peer_timeout must be a finite number of seconds > 0, got {peer_timeout!r}")
+        self.locks = TurnLocks(topology, mode, max_staleness)
         self.topology = topology
+        self._digest = topology.digest()
+        self._welcome_topology = _wire_topology(topology)
         self.mode = mode
         self.max_staleness = max_staleness
         self.peer_timeout = peer_timeout
         self.max_payload_bytes = max_payload_bytes
+        self.max_queued_bytes = max_queued_bytes
+        self.instance = uuid.uuid4().hex[:16]
+        """Sent in every reply: a client that sees it change knows for certain the broker restarted."""
         keys.check_bind(bind, curve is not None, insecure)
+        raise_fd_limit()
         self._curve = keys.CurveServer(*curve, context=context) if curve is not None else None
         self._ctx = self._curve.context if self._curve else (context or zmq.Context.instance())
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -111,9 +101,15 @@ class Broker:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_payload_bytes + wire.MAX_HEADER_BYTES)
+        self._sock.setsockopt(zmq.SNDHWM, max_queued_replies)
+        self._sock.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
+        self._sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
+        self._monitor = self._sock.get_monitor_socket(REFUSALS)
         try:
             self._sock.bind(bind.replace(":0", ":*") if bind.startswith("tcp://") and bind.endswith(":0") else bind)
         except BaseException:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
             self._sock.close(linger=0)
             if self._curve is not None:
                 self._curve.close()
@@ -125,19 +121,14 @@ class Broker:
         self._control.bind(self._control_addr)
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._gone: set[int] = set()
-        """Ranks that left (BYE), went silent past peer_timeout, or were declared dead: the survivors
-        are rewired around them until they register again. A rank that never registered is not
-        gone: it is waited for."""
-        self._bypassed: dict[frozenset, object] = {frozenset(): topology}
-        """Topology.without(gone) for each set of gone agents met so far."""
-        self._rewire_pending = False
         self._agents = {r: Agent(r) for r in range(topology.n)}
         self._by_identity: dict[bytes, Agent] = {}
-        self._mailbox: dict[tuple[int, int], Letter] = {}
         self._schema: tuple | None = None
+        """The tensor schema of the registered agents' letters: set by the first PUBLISH, forgotten
+        when the last agent leaves, so one stray publisher cannot bind later swarms."""
         self.errors: dict[str, int] = {}
         self.events: dict[str, int] = {}
+        self.failure: str | None = None
         self.started = time.time()
 
     # ------------------------------------------------------------ lifecycle
@@ -158,10 +149,16 @@ class Broker:
             self._tell(b"stop")
             self._thread.join()
         else:
-            self._sock.close(linger=0)
-            self._control.close(linger=0)
+            self._close_sockets()
         if self._curve is not None:
             self._curve.close()
+
+    def _close_sockets(self) -> None:
+        if not self._sock.closed:
+            self._sock.disable_monitor()
+            self._sock.close(linger=0)
+        self._monitor.close(linger=0)
+        self._control.close(linger=0)
 
     def __enter__(self):
         return self
@@ -169,10 +166,18 @@ class Broker:
     def __exit__(self, *exc):
         self.close()
 
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the serving thread to end; True while it still serves."""
+        if self._thread is None:
+            return False
+        self._thread.join(timeout)
+        return self._thread.is_alive()
+
     def serve_forever(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._control, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         try:
             while True:
                 events = dict(poller.poll(timeout=self._poll_timeout_ms()))
@@ -180,7 +185,9 @@ class Broker:
                     order = self._control.recv()
                     if order == b"stop":
                         return
-                    self._declared_gone(int(order))
+                    self._guarded(self._declared_gone, int(order))
+                if self._monitor in events:
+                    self._connection_refused()
                 if self._sock in events:
                     for _ in range(256):  # drain a burst, but keep expiring peers under load
                         try:
@@ -188,18 +195,33 @@ class Broker:
                         except zmq.Again:
                             break
                         self._handle(frames)
-                self._expire_silent_agents()
+                self._guarded(self._expire_silent_agents)
+        except BaseException:
+            self.failure = traceback.format_exc()
+            log.critical("broker: the serving thread died; no agent is served any more:\n%s", self.failure)
+            raise
         finally:
-            self._sock.close(linger=0)
-            self._control.close(linger=0)
+            self._close_sockets()
+
+    def _guarded(self, fn, *args) -> None:
+        """Run one step of housekeeping: a bug in it is logged and counted, and serving goes on."""
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("broker: internal error in %s", fn.__name__)
+            self._count("internal")
 
     def declare_gone(self, rank: int) -> None:
         """Treat ``rank`` as dead now (its process crashed, say), without waiting for peer_timeout.
 
         Safe from any thread: the request travels to the broker's thread over an inproc socket.
         """
-        if not 0 <= rank < self.topology.n:
-            raise ValueError(f"rank {rank} out of range; this swarm has ranks 0..{self.topology.n - 1}")
+        try:
+            rank = None if isinstance(rank, bool) else operator.index(rank)  # numpy ints too, not 1.0 or "1"
+        except TypeError:
+            rank = None
+        if rank is None or not 0 <= rank < self.topology.n:
+            raise ValueError(f"rank must be an int from 0 to {self.topology.n - 1}")
         self._tell(str(rank).encode())
 
     def _tell(self, order: bytes) -> None:
@@ -211,31 +233,55 @@ class Broker:
     def _poll_timeout_ms(self) -> int:
         return int(max(0.05, min(1.0, self.peer_timeout / 4)) * 1000)
 
+    def _connection_refused(self) -> None:
+        """Say in the log why peers cannot connect (out of file descriptors, a failed handshake)."""
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            what = "accept failed" if event["event"] == zmq.EVENT_ACCEPT_FAILED else "handshake failed"
+            self._note("connections-refused")
+            log.warning("broker: %s on %s (errno %s: %s)", what, event["endpoint"].decode(errors="replace"),
+                        event["value"], zmq.strerror(event["value"]))
+
     # ------------------------------------------------------------ dispatch
 
     def _handle(self, frames: list) -> None:
+        """One message, checked cheapest first: header, registration, then the tensor schema.
+        Nothing is stored until every check has passed; no exception leaves this method."""
         identity, body = frames[0].bytes, frames[1:]
         seq = None
         try:
-            msg = wire.decode(body, self.max_payload_bytes)
+            if sum(len(f) for f in body) > self.max_payload_bytes + wire.MAX_HEADER_BYTES:
+                raise wire.WireError(f"message over the {self.max_payload_bytes}-byte payload limit", "too-large")
+            if identity not in self._by_identity and body and len(body[0]) > MAX_HELLO_BYTES:
+                raise wire.WireError(f"not registered: send HELLO first (until then, headers over "
+                                     f"{MAX_HELLO_BYTES} bytes are not read)", "not-registered")
+            msg = wire.decode_header(body, self.max_payload_bytes)
             seq = msg.get("seq")
-            handler = {wire.HELLO: self._on_hello, wire.PUBLISH: self._on_publish,
-                       wire.COLLECT: self._on_collect, wire.PING: self._on_ping,
-                       wire.BYE: self._on_bye}.get(msg.cmd)
-            if handler is None:
-                raise wire.WireError(f"{msg.cmd} is a broker reply, not a request", "unknown-command")
+            if msg.cmd not in wire.CLIENT_COMMANDS:
+                raise wire.WireError(f"{msg.cmd} is a broker reply, not a request; valid requests: "
+                                     f"{', '.join(wire.CLIENT_COMMANDS)}", "unknown-command")
             if msg.cmd == wire.HELLO:
-                handler(identity, msg)
+                self._on_hello(identity, msg, self._key_of(body[0]))
                 return
             agent = self._by_identity.get(identity)
             if agent is None:
                 raise wire.WireError("not registered: send HELLO first", "not-registered")
             agent.last_seen = time.monotonic()
-            handler(agent, msg)
+            if msg.cmd == wire.PUBLISH:
+                self._on_publish(agent, msg)
+            elif msg.cmd == wire.COLLECT:
+                self._send(self.locks.collect(agent.rank, seq, msg["round"], time.monotonic()))
+            elif msg.cmd == wire.PING:
+                self._reply(identity, wire.PONG, {"seq": seq})
+            else:
+                self._leave(agent, "said BYE", logging.INFO)
         except wire.WireError as err:
             self._count(err.code)
-            seq = seq if seq is not None else err.seq
-            self._reply(identity, wire.ERROR, {"seq": seq, "code": err.code, "reason": str(err)})
+            self._reply(identity, wire.ERROR, {"seq": seq if seq is not None else err.seq, "code": err.code,
+                                               "reason": str(err)})
         except Exception:  # a bug here must not take the whole swarm down
             log.exception("broker: internal error while handling a message")
             self._count("internal")
@@ -243,14 +289,41 @@ class Broker:
 
     def _reply(self, identity: bytes, cmd: str, fields: dict, frames=()) -> bool:
         """Send without blocking: a peer that never reads its replies fills its queue (SNDHWM), and
-        a blocking send would then freeze the broker for everyone. Its replies are dropped instead."""
+        a blocking send would then freeze the broker for everyone. A registered peer whose queue is
+        full has stopped reading: it is treated as gone, so the broker holds nothing more for it."""
         try:
-            self._sock.send_multipart([identity, *wire.encode(cmd, fields, frames)], flags=zmq.NOBLOCK,
-                                      copy=False)
+            self._sock.send_multipart([identity, *wire.encode(cmd, {**fields, "broker": self.instance}, frames)],
+                                      flags=zmq.NOBLOCK, copy=False)
             return True
-        except zmq.ZMQError:  # the peer went away (ROUTER_MANDATORY) or its queue is full
+        except zmq.Again:
+            self._note("undeliverable")
+            agent = self._by_identity.get(identity)
+            if agent is not None:
+                self._note("stopped-reading")
+                self._leave(agent, f"stopped reading its replies ({self._sock.getsockopt(zmq.SNDHWM)} queued)")
+            return False
+        except zmq.ZMQError:  # the peer went away (ROUTER_MANDATORY)
             self._note("undeliverable")
             return False
+
+    def _send(self, replies: list[Reply]) -> None:
+        for r in replies:
+            agent = self._agents[r.rank]
+            if agent.identity is None:
+                continue
+            if not r.payload:
+                self._reply(agent.identity, r.cmd, r.fields)
+                continue
+            while agent.queued and agent.queued[0][0].done:
+                agent.queued.popleft()
+            held = sum(nbytes for _, nbytes in agent.queued)
+            if held and held + sum(len(f) for f in r.payload) > self.max_queued_bytes:
+                self._note("stopped-reading")
+                self._leave(agent, f"stopped reading its replies ({held} bytes of letters unread)")
+                continue
+            frames = [zmq.Frame(f.buffer if isinstance(f, zmq.Frame) else f, track=True) for f in r.payload]
+            if self._reply(agent.identity, r.cmd, r.fields, frames):
+                agent.queued.append((zmq.MessageTracker(*frames), sum(len(f) for f in frames)))
 
     def _count(self, code: str) -> None:
         """A refused request, by its ERROR code (PROTOCOL.md section 4)."""
@@ -263,60 +336,71 @@ class Broker:
 
     # ------------------------------------------------------------ registration
 
-    def _on_hello(self, identity: bytes, msg: wire.Message) -> None:
+    def _key_of(self, frame) -> str | None:
+        """The CURVE key a message came with (the User-Id our ZAP handler set), None without CURVE."""
+        return frame.get("User-Id") if self._curve is not None else None
+
+    def _on_hello(self, identity: bytes, msg: wire.Message, key: str | None) -> None:
         rank, n = msg["rank"], msg.get("n")
         if not 0 <= rank < self.topology.n:
             raise wire.WireError(f"rank {rank} out of range; this swarm has ranks 0..{self.topology.n - 1}",
                                  "rank-range")
+        granted = self._curve.grants.get(key) if key is not None else None
+        if granted is not None and rank not in granted:
+            raise wire.WireError(f"this agent's key may hold ranks {_ranges(granted)}, not rank {rank} "
+                                 "(the ranks line of its .key file in the broker's allow directory)",
+                                 "rank-forbidden")
         if n is not None and n != self.topology.n:
             raise wire.WireError(f"client expects {n} agents, the broker's topology has {self.topology.n}",
                                  "topology-mismatch")
         digest = msg.get("topology")
-        if digest is not None and digest != self.topology.digest():
+        if digest is not None and digest != self._digest:
             raise wire.WireError("client's topology differs from the broker's (digest mismatch)",
                                  "topology-mismatch")
         agent = self._agents[rank]
         now = time.monotonic()
-        if (agent.identity not in (None, identity)
-                and now - agent.last_seen < self.peer_timeout and msg.get("takeover") is not True):
-            raise wire.WireError(f"rank {rank} is already registered by a live agent", "rank-taken")
+        if agent.identity not in (None, identity) and now - agent.last_seen < self.peer_timeout:
+            if msg.get("takeover") is not True:
+                raise wire.WireError(f"rank {rank} is already registered by a live agent", "rank-taken")
+            if key != agent.key:
+                raise wire.WireError(f"rank {rank} is held with another key: only the same key may take it over",
+                                     "rank-taken")
         if agent.identity is not None:
             self._by_identity.pop(agent.identity, None)
-        agent.identity, agent.last_seen = identity, now
-        agent.publish = agent.collect = None
+            agent.queued.clear()
+            if agent.identity != identity:
+                for parked in self.locks.cancel(rank):
+                    self._reply(agent.identity, wire.ERROR, {
+                        "seq": parked.seq, "code": "taken-over",
+                        "reason": f"rank {rank} was registered again by another connection; "
+                                  "this request will never be answered"})
+        agent.identity, agent.key, agent.last_seen = identity, key, now
         agent.registrations += 1
         self._by_identity[identity] = agent
         self._reply(identity, wire.WELCOME, {
-            "seq": msg.get("seq"), "rank": rank, "n": self.topology.n, "round": agent.round,
+            "seq": msg.get("seq"), "rank": rank, "n": self.topology.n, "round": self.locks.ranks[rank].round,
             "mode": self.mode, "max_staleness": self.max_staleness, "peer_timeout": self.peer_timeout,
-            "topology": self.topology.to_dict(),
+            "max_payload": self.max_payload_bytes, "topology": self._welcome_topology,
         })
-        if rank in self._gone:
+        if rank in self.locks.gone_ranks:
             log.warning("broker: agent %d is back; rewiring the topology to include it", rank)
-            agent.last_letter = None  # the parameters of the process that died
-            self._gone.discard(rank)
-            self._rewire()
-
-    def _on_bye(self, agent: Agent, msg: wire.Message) -> None:
-        self._leave(agent, "said BYE", logging.INFO)
-
-    def _on_ping(self, agent: Agent, msg: wire.Message) -> None:
-        self._reply(agent.identity, wire.PONG, {"seq": msg.get("seq")})
+        self._send(self.locks.rejoin(rank, now))
 
     def _leave(self, agent: Agent, why: str, level: int = logging.WARNING) -> None:
         """Unbind a rank from its socket, mark it gone and rewire the survivors around it."""
         log.log(level, "broker: agent %d %s; rewiring the topology around it", agent.rank, why)
         self._by_identity.pop(agent.identity, None)
         agent.identity = None
-        agent.publish = agent.collect = None
-        self._gone.add(agent.rank)
-        self._rewire()
+        agent.queued.clear()
+        self._send(self.locks.gone(agent.rank, time.monotonic()))
+        if not self._by_identity:  # the swarm is empty: the next one may bring another schema
+            self._schema = None
+            self.locks.drop_letters()
 
     def _declared_gone(self, rank: int) -> None:
-        agent = self._agents[rank]
-        if rank not in self._gone:
+        if rank not in self.locks.gone_ranks:
             self._note("declared-gone")
-            self._leave(agent, "was declared gone")
+            self._leave(self._agents[rank], "was declared gone")
 
     def _expire_silent_agents(self) -> None:
         deadline = time.monotonic() - self.peer_timeout
@@ -325,184 +409,76 @@ class Broker:
                 self._note("expired")
                 self._leave(agent, f"was silent for {self.peer_timeout:g}s")
 
-    # ------------------------------------------------------------ the topology in force
-
-    def _row(self, i: int):
-        """The topology agent i mixes by now: the broker's, with the gone agents bypassed.
-
-        A gone agent's last letter still counts: while it waits unread in slot (d, i), d stays
-        in i's row, so a swarm whose agents finish one by one mixes exactly as the matrix says
-        to the last round. Only once i has read it is d bypassed in i's row.
-        """
-        if not self._gone:
-            return self.topology
-        gone = frozenset(d for d in self._gone if (d, i) not in self._mailbox)
-        if gone not in self._bypassed:
-            self._bypassed[gone] = self.topology.without(gone)
-        return self._bypassed[gone]
-
-    def _in_peers(self, i: int, round: int) -> set[int]:
-        return set(self._row(i).in_peers(i, round))
-
-    def _out_peers(self, j: int, round: int) -> set[int]:
-        if not self._gone:
-            return set(self.topology.out_peers(j, round))
-        return {i for i in range(self.topology.n) if i != j and j in self._in_peers(i, round)}
-
-    def _rewire(self) -> None:
-        """Re-judge every slot and parked request after an agent left or came back.
-
-        Letters in slots that are no longer edges (to a gone agent, or a bypass edge made
-        obsolete by a return) are dropped: no one would ever read them, and a writer must
-        not wait on them. Parked requests get their peer sets recomputed, so a COLLECT that
-        waited on a dead in-peer now waits on the in-peers that replace it.
-        """
-        period = self.topology.period
-        stale = [(j, i) for (j, i) in self._mailbox
-                 if not any(j in self._in_peers(i, r) for r in range(period))]
-        for key in stale:
-            del self._mailbox[key]
-            self._note("letters-dropped-by-rewiring")
-        work = []
-        for agent in self._agents.values():
-            # A letter sent while a reader's row was changing may have found no reader at all
-            # (its new reader was still finishing a gone agent's last letter). Its sender now
-            # waits on that reader while the reader waits on it: give each new reader the
-            # sender's latest letter, so no rewiring can deadlock a cycle of agents.
-            letter = agent.last_letter
-            if (letter is not None and agent.rank not in self._gone
-                    and (agent.publish is None or agent.publish.letter is not letter)):
-                for reader in self._out_peers(agent.rank, letter.round) - letter.written_to:
-                    if (agent.rank, reader) not in self._mailbox:
-                        self._mailbox[(agent.rank, reader)] = letter
-                        letter.written_to.add(reader)
-            if agent.publish is not None:
-                p = agent.publish
-                p.waiting_on = self._out_peers(agent.rank, p.round) - set(p.written)
-                work.append(("publish", agent))
-            if agent.collect is not None:
-                agent.collect.waiting_on = self._in_peers(agent.rank, agent.collect.round)
-                work.append(("collect", agent))
-        self._settle(*work)
-
-    # ------------------------------------------------------------ turn locks
+    # ------------------------------------------------------------ letters
 
     def _on_publish(self, agent: Agent, msg: wire.Message) -> None:
+        """Check the letter against the swarm's schema before it is kept, then hand it to the locks."""
+        wire.decode_payload(msg, self.max_payload_bytes)
         key = tuple(spec.schema_key for spec in msg.specs)
-        if self._schema is None:
-            self._schema = key
-        elif key != self._schema:
-            raise wire.WireError("tensor schema differs from the swarm's (names, dtypes and shapes must match)",
-                                 "schema-mismatch")
+        if self._schema is not None and key != self._schema:
+            raise wire.WireError(f"tensor schema {_describe(key)} differs from the swarm's {_describe(self._schema)} "
+                                 "(names, dtypes and shapes must match)", "schema-mismatch")
+        self._schema = key
         nbytes = sum(spec.nbytes for spec in msg.specs)
-        letter = Letter(agent.rank, msg["round"], msg["tensors"], msg.frames, nbytes)
-        agent.last_letter = letter
-        agent.round = msg["round"]
-        agent.publishes += 1
-        agent.bytes_in += nbytes
-        out_peers = self._out_peers(agent.rank, msg["round"])
-        agent.publish = Parked(msg["seq"], msg["round"], time.monotonic(), out_peers, letter)
-        self._settle(("publish", agent))
-
-    def _on_collect(self, agent: Agent, msg: wire.Message) -> None:
-        in_peers = self._in_peers(agent.rank, msg["round"])
-        agent.collect = Parked(msg["seq"], msg["round"], time.monotonic(), in_peers)
-        self._settle(("collect", agent))
-
-    def _settle(self, *first: tuple[str, Agent]) -> None:
-        """Re-examine parked requests until nothing more can move.
-
-        Answering one request changes slots another may wait on (a COLLECT empties slots
-        that writers wait for; a PUBLISH fills slots that readers wait for), so the
-        requests touched are queued here rather than advanced recursively.
-        """
-        work = deque(first)
-        while work:
-            kind, agent = work.popleft()
-            if kind == "publish" and agent.publish is not None:
-                work.extend(("collect", r) for r in self._advance_publish(agent))
-            elif kind == "collect" and agent.collect is not None:
-                work.extend(("publish", w) for w in self._advance_collect(agent))
-        if self._rewire_pending:
-            self._rewire_pending = False
-            self._rewire()
-
-    def _advance_publish(self, agent: Agent) -> list[Agent]:
-        """Write the parked letter into every out-edge whose slot is empty; ACK once none is left.
-
-        Sync: a full slot means the receiver has not read the previous letter, so wait.
-        Async: a full slot is skipped (the receiver will read the older letter).
-        Returns the readers whose slots were filled.
-        """
-        parked, now, touched = agent.publish, time.monotonic(), []
-        for dst in sorted(parked.waiting_on):
-            if (agent.rank, dst) in self._mailbox:
-                if self.mode == "async":
-                    parked.skipped.append(dst)
-                    parked.waiting_on.discard(dst)
-                continue
-            self._mailbox[(agent.rank, dst)] = parked.letter
-            parked.letter.written_to.add(dst)
-            parked.written.append(dst)
-            parked.waiting_on.discard(dst)
-            agent.waited_on[dst] = agent.waited_on.get(dst, 0.0) + now - parked.since
-            touched.append(self._agents[dst])
-        if not parked.waiting_on:
-            agent.publish = None
-            agent.publish_wait_s += now - parked.since
-            self._reply(agent.identity, wire.ACK, {"seq": parked.seq, "round": parked.round,
-                                                   "written": parked.written, "skipped": parked.skipped})
-        return touched
-
-    def _advance_collect(self, agent: Agent) -> list[Agent]:
-        """Answer the parked COLLECT when its turn has come, emptying the slots it reads.
-
-        Sync: every in-peer's slot must be full. Async: answer with whatever is there, except
-        that an in-edge empty for ``max_staleness`` collects in a row must be waited for.
-        Returns the writers whose slots were emptied.
-        """
-        parked = agent.collect
-        full = {j for j in parked.waiting_on if (j, agent.rank) in self._mailbox}
-        if self.mode == "sync" and full != parked.waiting_on:
-            return []
-        if self.mode == "async" and self.max_staleness is not None and any(
-                agent.stale.get(j, 0) + 1 >= self.max_staleness for j in parked.waiting_on - full):
-            return []
-        now = time.monotonic()
-        weights = [[j, w] for j, w in self._row(agent.rank).weights(agent.rank, parked.round).items()]
-        header, frames, released = [], [], []
-        for j in sorted(parked.waiting_on):
-            letter = self._mailbox.pop((j, agent.rank), None)
-            if letter is None:
-                agent.stale[j] = agent.stale.get(j, 0) + 1
-                continue
-            agent.stale[j] = 0
-            agent.waited_on[j] = agent.waited_on.get(j, 0.0) + now - parked.since
-            header.append({"rank": j, "round": letter.round, "tensors": letter.schema})
-            frames.extend(letter.frames)
-            agent.bytes_out += letter.nbytes
-            released.append(self._agents[j])
-            self._rewire_pending |= j in self._gone  # a gone agent's last letter read: bypass it now
-        agent.collect = None
-        agent.collects += 1
-        agent.collect_wait_s += now - parked.since
-        self._reply(agent.identity, wire.DELIVER, {"seq": parked.seq, "round": parked.round, "messages": header,
-                                                   "weights": weights}, frames)
-        return released
+        self._send(self.locks.publish(agent.rank, msg["seq"], msg["round"], {"tensors": msg["tensors"]},
+                                      msg.frames, nbytes, time.monotonic()))
 
     # ------------------------------------------------------------ introspection
 
     def stats(self) -> dict:
         """Per-agent counters and lock waits, plus error counts: a snapshot safe to call from any thread."""
         agents = {}
-        for a in list(self._agents.values()):
+        for a, r in zip(list(self._agents.values()), self.locks.ranks):
             agents[a.rank] = {
-                "registered": a.identity is not None, "round": a.round, "publishes": a.publishes,
-                "collects": a.collects, "bytes_in": a.bytes_in, "bytes_out": a.bytes_out,
-                "publish_wait_s": round(a.publish_wait_s, 6), "collect_wait_s": round(a.collect_wait_s, 6),
-                "waited_on": {j: round(s, 6) for j, s in dict(a.waited_on).items()},
-                "registrations": a.registrations, "gone": a.rank in self._gone,
-                "parked": [k for k in ("publish", "collect") if getattr(a, k) is not None],
+                "registered": a.identity is not None, "round": r.round, "publishes": r.publishes,
+                "collects": r.collects, "bytes_in": r.bytes_in, "bytes_out": r.bytes_out,
+                "publish_wait_s": round(r.publish_wait_s, 6), "collect_wait_s": round(r.collect_wait_s, 6),
+                "waited_on": {j: round(s, 6) for j, s in dict(r.waited_on).items()},
+                "registrations": a.registrations, "gone": a.rank in self.locks.gone_ranks,
+                "parked": [k for k in ("publish", "collect") if getattr(r, k) is not None],
             }
-        return {"mode": self.mode, "address": self.address, "n": self.topology.n,
-                "uptime_s": round(time.time() - self.started, 3), "errors": dict(self.errors), "events": dict(self.events), "agents": agents}
+        return {"mode": self.mode, "address": self.address, "n": self.topology.n, "instance": self.instance,
+                "uptime_s": round(time.time() - self.started, 3), "errors": dict(self.errors),
+                "events": {**self.events, **self.locks.events}, "agents": agents}
+
+
+def _ranges(ranks) -> str:
+    """0-3,7 for {0, 1, 2, 3, 7}."""
+    out, ordered = [], sorted(ranks)
+    for k, r in enumerate(ordered):
+        if k and r == ordered[k - 1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)
+
+
+def _wire_topology(topology) -> dict:
+    """The topology as WELCOME carries it, built once: a named topology travels as its recipe
+    (name, n, options, digest), so a HELLO costs the same at n = 4,096 as at n = 2; only a
+    matrix of the user's own travels whole."""
+    d = topology.to_dict()
+    if topology.name in topologies.NAMES:
+        del d["matrix"]
+    return d
+
+
+def _describe(schema: tuple) -> str:
+    """A schema for an error message: the first few tensors as name:dtype[shape], and how many in all."""
+    shown = ", ".join(f"{name}:{dtype}{list(shape)}" for name, dtype, shape in schema[:3])
+    return f"[{shown}{', ...' if len(schema) > 3 else ''}] ({len(schema)} tensors)"
+
+
+def raise_fd_limit() -> None:
+    """Each peer costs a file descriptor: lift the soft limit to the hard one, so a few hundred idle
+    connections cannot lock agents out of a broker started with the common default of 1,024."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("broker: could not raise the open-file limit from %s to %s: %s", soft, hard, exc)

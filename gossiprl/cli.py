@@ -90,10 +90,10 @@ def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     b.start()
     try:
-        while True:
-            time.sleep(stats_every or 3600)
+        while b.wait(stats_every or 3600):
             if stats_every:
                 click.echo(json.dumps(b.stats()))
+        raise click.ClickException(f"the broker stopped serving (a bug: please report it):\n{b.failure}")
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:

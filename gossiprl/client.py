@@ -39,6 +39,10 @@ class GossipTimeout(TimeoutError):
     """The broker is alive, but the turn lock did not open within the call's timeout."""
 
 
+class _BrokerRestarted(Exception):
+    """A reply carried another broker instance id: everything that broker knew about us is lost."""
+
+
 @dataclass
 class PublishResult:
     round: int
@@ -75,6 +79,9 @@ class GossipClient:
         self.topology = None
         self.mode = None
         self.round = 0
+        self.broker: str | None = None
+        """The broker's instance id, from WELCOME: a reply with another id means it restarted."""
+        self.max_payload: int | None = None
         self.check_finite = check_finite
         self._takeover = takeover
         self.last_rounds: dict[int, int] = {}
@@ -117,13 +124,17 @@ class GossipClient:
             self._connect()
         fields = {"rank": self.rank, "n": self._expect_n, "topology": self._expect_digest,
                   "takeover": self._takeover}
+        self.broker = None  # whichever broker answers is the one this registration is with
         (welcome,) = self._request([(wire.HELLO, fields, ())], register=False)
         # Registering again later (after a reset or a broker restart) is this same agent
         # coming back, so it may take over a registration the broker still holds for it.
         self._takeover = True
         self.topology = topologies.from_dict(welcome["topology"])
         self.mode = welcome["mode"]
-        self.round = welcome["round"]
+        # A restarted broker knows no rounds (it says 0): this agent's own count goes on.
+        self.round = max(self.round, welcome["round"])
+        self.broker = welcome.get("broker")
+        self.max_payload = welcome.get("max_payload")
 
     def close(self) -> None:
         """Say BYE (so the rank is free at once) and close. Safe to call twice."""
@@ -196,6 +207,9 @@ class GossipClient:
         if self.check_finite:
             _refuse_non_finite(tensors)
         schema, buffers = wire.pack_tensors(tensors, self.codec, self._stager)
+        nbytes = sum(spec["nbytes"] for spec in schema)
+        if self.max_payload is not None and nbytes > self.max_payload:  # the broker would drop the connection
+            raise ValueError(f"{nbytes} bytes of tensors in one letter; the broker takes at most {self.max_payload}")
         return (wire.PUBLISH, {"round": self.round, "tensors": schema}, buffers)
 
     def _finish_round(self, deliver: wire.Message) -> dict[int, dict]:
@@ -209,8 +223,9 @@ class GossipClient:
     def _request(self, requests: list, timeout: float | None = None, register: bool = True) -> list[wire.Message]:
         """Send requests back to back, wait for one reply each (matched by seq), pinging while waiting.
 
-        A "not-registered" refusal (the broker restarted, or expired us) re-registers and
-        resends once; every other refusal raises GossipError.
+        A broker restart (a reply with another instance id) or a "not-registered" refusal (the
+        broker expired us, or dropped our connection) re-registers and resends once; every other
+        refusal raises GossipError.
         """
         timeout = self.timeout if timeout is None else timeout
         for attempt in (0, 1):
@@ -218,10 +233,15 @@ class GossipClient:
                 self.register()
             try:
                 return self._roundtrip(requests, timeout)
+            except _BrokerRestarted:
+                if attempt:
+                    self._reset()
+                    raise BrokerUnavailable(f"rank {self.rank}: the broker at {self.address} restarted twice "
+                                            "during one call") from None
             except GossipError as err:
                 if err.code != "not-registered" or not register or attempt:
                     raise
-                self.topology = None
+            self.topology = None
         raise AssertionError("unreachable")
 
     def _roundtrip(self, requests: list, timeout: float | None) -> list[wire.Message]:
@@ -236,6 +256,7 @@ class GossipClient:
             except zmq.Again:
                 raise self._unavailable(self.heartbeat * self.liveness) from None
         replies: dict[int, wire.Message] = {}
+        pings: set[int] = set()
         start = last_heard = time.monotonic()
         while len(replies) < len(seqs):
             now = time.monotonic()
@@ -246,8 +267,9 @@ class GossipClient:
                 raise self._unavailable(now - last_heard)
             wait = self.heartbeat if timeout is None else min(self.heartbeat, max(0.0, start + timeout - now))
             if not self._sock.poll(int(wait * 1000) + 1):
+                pings.add(next(self._seq))
                 try:
-                    self._sock.send_multipart(wire.encode(wire.PING, {"seq": next(self._seq)}), flags=zmq.NOBLOCK)
+                    self._sock.send_multipart(wire.encode(wire.PING, {"seq": max(pings)}), flags=zmq.NOBLOCK)
                 except zmq.Again:  # no connection to queue on (a refused handshake): liveness decides
                     pass
                 continue
@@ -258,7 +280,10 @@ class GossipClient:
                 raise
             last_heard = time.monotonic()
             seq = msg.get("seq")
-            if msg.cmd == wire.ERROR and (seq in seqs or seq is None):
+            if self.broker is not None and msg.get("broker") not in (None, self.broker):
+                raise _BrokerRestarted()
+            if msg.cmd == wire.ERROR and (seq in seqs or seq is None
+                                          or seq in pings and msg.get("code") == "not-registered"):
                 raise GossipError(msg.get("code", "unknown"), msg.get("reason", "refused"))
             if seq in seqs:
                 replies[seq] = msg

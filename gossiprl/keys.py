@@ -109,6 +109,29 @@ def load_allowed(directory) -> frozenset[bytes]:
     return keys
 
 
+_RANKS_LINE = re.compile(r'^\s*ranks\s*=\s*"([^"]*)"\s*$', re.MULTILINE)
+
+
+def load_grants(directory) -> dict[str, frozenset[int] | None]:
+    """Which ranks each allowed key may hold, by Z85 public key: a ``ranks = "0-3,7"`` line in the
+    ``metadata`` section of its ``.key`` file; None (any rank) where the file has no such line."""
+    grants = {}
+    for path in sorted(Path(directory).glob(f"*{PUBLIC_SUFFIX}")):
+        found = _RANKS_LINE.search(path.read_text(encoding="utf-8", errors="replace"))
+        grants[load_public(path).decode("ascii")] = _parse_ranks(path, found.group(1)) if found else None
+    return grants
+
+
+def _parse_ranks(path, text: str) -> frozenset[int]:
+    ranks = set()
+    for part in text.replace(" ", "").split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or high and not high.isdigit() or high and int(high) < int(low):
+            raise ValueError(f'{path}: ranks = "{text}" is not a list of ranks and ranges, e.g. ranks = "0-3,7"')
+        ranks.update(range(int(low), int(high or low) + 1))
+    return frozenset(ranks)
+
+
 def _read_certificate(path, what: str) -> tuple[bytes, bytes | None]:
     path = Path(path)
     if not path.is_file():
@@ -208,6 +231,7 @@ class CurveServer:
 
         self.public, self._secret = load_secret(secret_file)
         self.allowed = load_allowed(allow_dir)
+        self.grants = load_grants(allow_dir)
         self._own_context = context is None
         self.context = zmq.Context() if context is None else context
         self._auth = ThreadAuthenticator(self.context, log=logging.getLogger("gossiprl.keys.zap"))

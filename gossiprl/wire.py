@@ -33,6 +33,8 @@ MAX_TENSORS = 4096
 MAX_NAME_CHARS = 256
 MAX_NDIM = 8
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 31
+MAX_UINT = (1 << 63) - 1
+"""Largest seq or round: every integer field is checked against its range before anyone acts on it."""
 
 # Dtypes a tensor may travel as. bfloat16 has no numpy type: it travels as the top
 # 16 bits of float32 and is widened back on decode.
@@ -258,6 +260,21 @@ def _need(header: dict, key: str, kind: type | tuple, cmd: str) -> Any:
     return value
 
 
+def _need_int(header: dict, key: str, cmd: str, low: int, high: int = MAX_UINT, optional: bool = False) -> None:
+    """An int field in its range (bool is not an int on the wire); nil allowed when ``optional``."""
+    value = header.get(key)
+    if optional and value is None:
+        return
+    if type(value) is not int or not low <= value <= high:
+        raise WireError(f"{cmd} needs field {key!r}: an int from {low} to {high}"
+                        f"{' or nil' if optional else ''}, got {_show(value)}")
+
+
+def _valid_seq(header: dict) -> int | None:
+    seq = header.get("seq")
+    return seq if type(seq) is int and 0 <= seq <= MAX_UINT else None
+
+
 def parse_specs(raw: Any, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[TensorSpec]:
     """Validate a tensor schema taken from a header: names, dtypes, shapes and sizes must agree."""
     if not isinstance(raw, list) or len(raw) > MAX_TENSORS:
@@ -275,7 +292,8 @@ def parse_specs(raw: Any, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[
             raise WireError(f"tensor {name!r}: dtype {_show(dtype)}/{_show(decode_as)} not allowed; "
                             f"valid: {', '.join(DTYPES)}", "bad-dtype")
         if (dtype != decode_as) and not (dtype in _FLOATS and decode_as in _FLOATS):
-            raise WireError(f"tensor {name!r}: only floats may be compressed, not {decode_as} as {dtype}", "bad-dtype")
+            raise WireError(f"tensor {name!r}: only floats may be compressed; {decode_as} cannot travel as {dtype}",
+                            "bad-dtype")
         if (not isinstance(shape, list) or len(shape) > MAX_NDIM
                 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
             raise WireError(f"tensor {name!r}: shape must be a list of at most {MAX_NDIM} non-negative ints")
@@ -300,6 +318,27 @@ def _check_frames(specs: list[TensorSpec], frames: Sequence, what: str) -> None:
 
 def decode(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Message:
     """Parse and validate one message. Raises WireError, never anything else, on bad input."""
+    msg = decode_header(frames, max_payload)
+    if msg.cmd == PUBLISH:
+        decode_payload(msg, max_payload)
+    return msg
+
+
+def decode_payload(msg: Message, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+    """Check a PUBLISH's tensor schema against its frames: the costly part of decoding, so a broker
+    does it only once it knows the sender is registered."""
+    try:
+        msg.specs = parse_specs(msg.header.get("tensors"), max_payload)
+        if not msg.specs:
+            raise WireError("PUBLISH carries no tensors")
+        _check_frames(msg.specs, msg.frames, msg.cmd)
+    except WireError as err:
+        err.seq = _valid_seq(msg.header)
+        raise
+
+
+def decode_header(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Message:
+    """Parse and validate everything but a PUBLISH's tensor schema (see decode_payload)."""
     if not frames:
         raise WireError("empty message")
     head = _frame_bytes(frames[0])
@@ -310,14 +349,14 @@ def decode(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Me
                                  max_str_len=MAX_HEADER_BYTES,
                                  max_bin_len=0, max_array_len=65536, max_map_len=MAX_TENSORS)
     except Exception as exc:  # msgpack raises many types on garbage; all mean the same here
-        raise WireError(f"header is not valid msgpack ({type(exc).__name__})") from None
+        raise WireError(f"header is not a GRP msgpack map: invalid msgpack, a bin value, or over a size limit "
+                        f"({type(exc).__name__})") from None
     if not isinstance(header, dict):
         raise WireError("header must be a msgpack map")
     try:
         return _validate(header, frames, max_payload)
     except WireError as err:
-        seq = header.get("seq")
-        err.seq = seq if type(seq) is int else None
+        err.seq = _valid_seq(header)
         raise
 
 
@@ -328,22 +367,20 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
                         "version")
     cmd = header.get("cmd")
     if not isinstance(cmd, str) or (cmd not in CLIENT_COMMANDS and cmd not in BROKER_COMMANDS):
-        raise WireError(f"unknown command {_show(cmd)}; valid: {', '.join(CLIENT_COMMANDS + BROKER_COMMANDS)}",
-                        "unknown-command")
+        raise WireError(f"unknown command {_show(cmd)}; valid requests: {', '.join(CLIENT_COMMANDS)}; "
+                        f"replies: {', '.join(BROKER_COMMANDS)}", "unknown-command")
     msg = Message(cmd, header, list(frames[1:]))
-    if header.get("seq") is not None:  # nil only in an ERROR about a request that could not be read
-        _need(header, "seq", int, cmd)
+    # seq is nil only in an ERROR about a request that could not be read, and optional on HELLO, PING, BYE
+    _need_int(header, "seq", cmd, 0, optional=cmd not in (PUBLISH, COLLECT))
     if cmd == HELLO:
         _need(header, "rank", int, cmd)
+        _need_int(header, "n", cmd, 0, optional=True)
+        for key, kind in (("topology", str), ("takeover", bool)):
+            if header.get(key) is not None:
+                _need(header, key, kind, cmd)
     if cmd in (PUBLISH, COLLECT):
-        _need(header, "seq", int, cmd)
-        _need(header, "round", int, cmd)
-    if cmd == PUBLISH:
-        msg.specs = parse_specs(header.get("tensors"), max_payload)
-        if not msg.specs:
-            raise WireError("PUBLISH carries no tensors")
-        _check_frames(msg.specs, msg.frames, cmd)
-    elif cmd == DELIVER:
+        _need_int(header, "round", cmd, 0)
+    if cmd == DELIVER:
         letters = header.get("messages")
         if not isinstance(letters, list):
             raise WireError("DELIVER needs a 'messages' list")
@@ -360,7 +397,7 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
         if len(msg.frames) != len(msg.specs):
             raise WireError(f"DELIVER: schema lists {len(msg.specs)} tensors but {len(msg.frames)} frames came")
         _check_frames(msg.specs, msg.frames, cmd)
-    elif msg.frames:
+    elif msg.frames and cmd != PUBLISH:  # a PUBLISH's frames are checked by decode_payload
         raise WireError(f"{cmd} carries no payload frames, got {len(msg.frames)}")
     return msg
 

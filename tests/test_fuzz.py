@@ -21,13 +21,15 @@ from zmq.utils.monitor import recv_monitor_message
 
 import topologies
 from gossiprl import Broker, GossipClient, mix, wire
+from gossiprl.broker import MAX_HELLO_BYTES
 
 CTX = zmq.Context.instance()
 MIB = 1 << 20
 # Codes a broker answers with (PROTOCOL.md section 4), the keys of stats()["errors"]. What is no
 # one's error ("undeliverable", "expired", "letters-dropped-by-rewiring", ...) is in stats()["events"].
 REPLY_CODES = {"bad-message", "bad-dtype", "too-large", "version", "unknown-command", "not-registered",
-               "rank-range", "rank-taken", "topology-mismatch", "schema-mismatch", "internal"}
+               "rank-range", "rank-taken", "rank-forbidden", "taken-over", "topology-mismatch", "schema-mismatch",
+               "internal"}
 
 
 # ---------------------------------------------------------------- helpers
@@ -53,14 +55,14 @@ def ask(sock, frames, timeout=3.0):
 
 
 def readable_seq(frames):
-    """The seq a refusal must echo (PROTOCOL.md section 4): the request's int seq when its header
-    reads as a msgpack map under the wire rules, else nil."""
+    """The seq a refusal must echo (PROTOCOL.md section 4): the request's seq when its header
+    reads as a msgpack map under the wire rules and the seq is in range, else nil."""
     try:
         header = msgpack.unpackb(frames[0], raw=False, strict_map_key=True, max_bin_len=0)
     except Exception:  # noqa: BLE001 - unreadable in any way means nil
         return None
     seq = header.get("seq") if isinstance(header, dict) else None
-    return seq if type(seq) is int else None
+    return seq if type(seq) is int and 0 <= seq <= wire.MAX_UINT else None
 
 
 def assert_error(reply, code, seq=None, words=()):
@@ -162,6 +164,17 @@ def raw(ring2):
     sock.close(linger=0)
 
 
+def register(sock, rank=0):
+    """Bind a raw socket to a rank: the broker reads a PUBLISH's tensor schema only from a registered sender."""
+    assert ask(sock, [head("HELLO", seq=0, rank=rank)]).cmd == wire.WELCOME
+
+
+def leave(sock):
+    """BYE, then a PING answered not-registered: the rank is free again once that reply is back."""
+    sock.send_multipart([head("BYE", seq=0)])
+    assert_error(ask(sock, [head("PING", seq=0)]), "not-registered", seq=0)
+
+
 # ---------------------------------------------------------------- one test per class of bad input
 
 @pytest.mark.timeout(20)
@@ -196,10 +209,19 @@ def test_malformed_frames_get_bad_message(ring2, raw):
         [head("PUBLISH", seq=1, round=0, tensors=[{**spec, "name": ""}]), b"\0" * 8],
         [head("PUBLISH", seq=1, round=0, tensors=[{**spec, "name": "n" * 257}]), b"\0" * 8],
         [head("DELIVER", seq=1, messages="none")],
+        [head("PUBLISH", seq=1, round=-1, tensors=[spec]), b"\0" * 8],  # every int field has its range
+        [head("COLLECT", seq=1, round=True)],  # bool is not an int on the wire
+        [head("COLLECT", seq=-1, round=0)],
+        [head("HELLO", seq=1, rank=0, n=-1)],
+        [head("HELLO", seq=1, rank=0, takeover=1)],
+        [head("HELLO", seq=1, rank=0, topology=7)],
     ]
+    register(raw)
     for frames in cases:
         assert_error(ask(raw, frames), "bad-message", seq=readable_seq(frames))
     assert ring2.stats()["errors"] == {"bad-message": len(cases)}
+    assert ring2.stats()["agents"][0]["publishes"] == 0, "a refused letter was kept"
+    leave(raw)
     assert_pair_gossips(ring2)
 
 
@@ -212,9 +234,11 @@ def test_dtype_outside_the_list_gets_bad_dtype(ring2, raw):
         spec = {"name": "x", "dtype": dtype, "shape": [2], "nbytes": nbytes}
         if decode_as is not None:
             spec["as"] = decode_as
+        register(raw)
         reply = ask(raw, [head("PUBLISH", seq=3, round=0, tensors=[spec]), b"\0" * nbytes])
         assert_error(reply, "bad-dtype", seq=3, words=("float",))
     assert ring2.stats()["errors"] == {"bad-dtype": 8}
+    leave(raw)
     assert_pair_gossips(ring2)
 
 
@@ -223,6 +247,7 @@ def test_header_declared_payload_over_the_limit_gets_too_large():
     broker = new_broker(topologies.make("ring", 2), max_payload_bytes=MIB)
     try:
         sock = dealer(broker)
+        register(sock)
         big = {"name": "x", "dtype": "uint8", "shape": [2 * MIB], "nbytes": 2 * MIB}
         halves = [{"name": n, "dtype": "float32", "shape": [MIB // 8 + 1], "nbytes": MIB // 2 + 4} for n in "ab"]
         for frames in [
@@ -239,6 +264,7 @@ def test_header_declared_payload_over_the_limit_gets_too_large():
         at_limit = {**big, "shape": [MIB], "nbytes": MIB}
         assert_error(ask(sock, [head("PUBLISH", seq=1, round=0, tensors=[at_limit]), b"\0"]), "bad-message", seq=1)
         assert broker.stats()["errors"] == {"too-large": 5, "bad-message": 1}
+        leave(sock)
         sock.close(linger=0)
         assert_pair_gossips(broker)
     finally:
@@ -427,7 +453,9 @@ def test_unhashable_dtype_gets_bad_dtype_not_internal(ring2, raw):
              [head("PUBLISH", seq=5, round=0, tensors=[{**spec, "dtype": "float32", "as": []}]), b"\0" * 8],
              [head("DELIVER", seq=5, weights=[], messages=[{"rank": 0, "tensors": [{**spec, "dtype": [1]}]}]),
               b"\0" * 8]]
+    register(raw)
     replies = [ask(raw, frames) for frames in cases]
+    leave(raw)
     assert_pair_gossips(ring2)  # it keeps serving either way
     assert [r["code"] for r in replies] == ["bad-dtype"] * len(cases), [r.header for r in replies]
 
@@ -690,10 +718,13 @@ def random_frames(count, seed, digest):
 
 def expected_reply(frames, topology):
     """(code, seq) the broker must answer an unregistered socket with, per PROTOCOL.md section 4.
-    Every valid rank is held by a live real agent and no input asks for a takeover, so a HELLO that
-    passes the range and topology checks gets rank-taken."""
+    Checks run cheapest first: the header, then registration (so an unregistered PUBLISH gets
+    not-registered whatever its tensor schema). Every valid rank is held by a live real agent and
+    no input asks for a takeover, so a HELLO that passes the range and topology checks gets rank-taken."""
+    if len(frames[0]) > MAX_HELLO_BYTES:  # refused unread
+        return "not-registered", None
     try:
-        msg = wire.decode(frames, MAX_PAYLOAD)
+        msg = wire.decode_header(frames, MAX_PAYLOAD)
     except wire.WireError as err:
         return err.code, err.seq
     except Exception:  # a decode bug: the broker can only answer "internal"
