@@ -36,6 +36,8 @@ from .broker import Broker
 from .client import GossipClient
 
 NATURE_CNN_PARAMS = 1_687_719  # Nature-CNN A2C for 6 actions, float32 = 6.75 MB
+COLD_BYTES = 128 << 20
+"""Bytes the cold mix benchmark rotates over: several times any L3 cache, so no call finds its data there."""
 
 
 def _payload(numel: int, rank: int) -> np.ndarray:
@@ -242,30 +244,40 @@ def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, 
     return result
 
 
-def measure_mix(numel: int = NATURE_CNN_PARAMS, reps: int = 50, torch_tensor: bool = False) -> dict:
+def measure_mix(numel: int = NATURE_CNN_PARAMS, reps: int = 50, torch_tensor: bool = False,
+                cold: bool = False) -> dict:
     """Median seconds of mix() of one letter against a plain axpy (x += m; x *= 0.5) over the same bytes.
 
     The two are timed alternately in one loop, so both see the same cache and load; the mix is
     the one an agent runs (deviation bound on), on a numpy array or, with ``torch_tensor``, on
-    the CPU torch tensor the agent trains.
+    the CPU torch tensor the agent trains. Hot, both work on one pair of arrays that stays in the
+    CPU's caches; ``cold`` rotates over pairs filling COLD_BYTES, so each call meets its bytes
+    in main memory, as an agent meets a letter that has just arrived.
     """
     from .gossip import DeviationBound, mix
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal(numel, dtype=np.float32)
-    letter = x + rng.standard_normal(numel, dtype=np.float32) * 1e-3
-    own = x
+    count = max(2, -(-COLD_BYTES // (8 * numel)) // 2 * 2) if cold else 1
+    pairs = []
+    for _ in range(count):
+        x = rng.standard_normal(numel, dtype=np.float32)
+        pairs.append((x, x + rng.standard_normal(numel, dtype=np.float32) * 1e-3))
     if torch_tensor:
         import torch
 
-        own = torch.from_numpy(x)
+        as_own = torch.from_numpy  # the agent's tensor: a view on the same bytes the axpy gets
+    else:
+        as_own = np.asarray
     bound = DeviationBound()
     mix_s, axpy_s = [], []
-    for _ in range(reps + 3):
+    for i in range(reps + 3):
+        own, letter = pairs[(2 * i) % count]
+        own = as_own(own)
+        x, m = pairs[(2 * i + 1) % count]
         t0 = time.perf_counter()
         mix({"p": own}, {1: {"p": letter}}, {0: 0.5, 1: 0.5}, 0, bound=bound)
         t1 = time.perf_counter()
-        x += letter
+        x += m
         x *= 0.5
         t2 = time.perf_counter()
         mix_s.append(t1 - t0)

@@ -247,12 +247,16 @@ def bench_mix(params, reps):
     """Mixing one letter in against a plain axpy over the same bytes, timed alternately in one run."""
     from . import bench_comms as bc
 
-    rows = [("numpy array", bc.measure_mix(params, reps))]
-    try:
-        rows.append(("torch CPU tensor", bc.measure_mix(params, reps, torch_tensor=True)))
-    except ImportError:
-        pass
-    click.echo(f"{params:,} float32 = {params * 4 / 1e6:.2f} MB, median of {reps}")
+    rows = []
+    for cache in ("hot", "cold"):
+        rows.append((f"numpy array, {cache}", bc.measure_mix(params, reps, cold=cache == "cold")))
+        try:
+            rows.append((f"torch CPU tensor, {cache}",
+                         bc.measure_mix(params, reps, torch_tensor=True, cold=cache == "cold")))
+        except ImportError:
+            pass
+    click.echo(f"{params:,} float32 = {params * 4 / 1e6:.2f} MB, median of {reps}; hot: one pair of arrays that "
+               f"stays in cache, cold: pairs over {bc.COLD_BYTES >> 20} MiB, as a letter that has just arrived")
     for label, r in rows:
         click.echo(f"  mix ({label}) {r['mix_ms']:.3f} ms, axpy (x += m; x *= 0.5) {r['axpy_ms']:.3f} ms: "
                    f"{r['ratio']:.2f}x (target <= 2x)")

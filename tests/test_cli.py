@@ -212,4 +212,5 @@ def test_bench_mix_prints_mix_and_axpy_from_one_run():
     result = invoke("bench", "mix", "--params", 50000, "--reps", 3)
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if "axpy" in line]
-    assert len(lines) == 2 and all(re.search(r"mix .* ms, axpy .* ms: \d+\.\d\dx", line) for line in lines)
+    assert len(lines) == 4 and all(re.search(r"mix .* ms, axpy .* ms: \d+\.\d\dx", line) for line in lines)
+    assert [("hot" in line, "cold" in line) for line in lines] == [(True, False)] * 2 + [(False, True)] * 2
