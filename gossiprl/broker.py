@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from . import keys, wire
+from .dataplane import check_plane
 
 log = logging.getLogger("gossiprl.broker")
 
@@ -41,6 +42,8 @@ class Letter:
     nbytes: int
     written_to: set[int] = field(default_factory=set)
     """Readers whose slot this letter was put in: after a rewiring, a new reader that missed it gets it."""
+    ref: dict | None = None
+    """Where the bytes wait when they stay with the writer (PROTOCOL.md section 10); opaque here."""
 
 
 @dataclass
@@ -92,7 +95,8 @@ class Broker:
     def __init__(self, topology, bind: str = "tcp://127.0.0.1:0", *, mode: str = "sync",
                  max_staleness: int | None = None, peer_timeout: float = 60.0,
                  max_payload_bytes: int = wire.DEFAULT_MAX_PAYLOAD_BYTES,
-                 context: zmq.Context | None = None, curve=None, insecure: bool = False):
+                 context: zmq.Context | None = None, curve=None, insecure: bool = False,
+                 data_plane: str = "broker"):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
         if max_staleness is not None and max_staleness < 1:
@@ -102,6 +106,9 @@ class Broker:
         self.max_staleness = max_staleness
         self.peer_timeout = peer_timeout
         self.max_payload_bytes = max_payload_bytes
+        self.data_plane = check_plane(data_plane)
+        self._relay_edges: set[tuple[int, int]] = set()
+        """Edges (writer, reader) whose reader cannot reach the writer's data plane: relayed here."""
         keys.check_bind(bind, curve is not None, insecure)
         self._curve = keys.CurveServer(*curve, context=context) if curve is not None else None
         self._ctx = self._curve.context if self._curve else (context or zmq.Context.instance())
@@ -290,6 +297,7 @@ class Broker:
             "seq": msg.get("seq"), "rank": rank, "n": self.topology.n, "round": agent.round,
             "mode": self.mode, "max_staleness": self.max_staleness, "peer_timeout": self.peer_timeout,
             "topology": self.topology.to_dict(),
+            **({"data_plane": self.data_plane} if self.data_plane != "broker" else {}),
         })
         if rank in self._gone:
             log.warning("broker: agent %d is back; rewiring the topology to include it", rank)
@@ -394,8 +402,8 @@ class Broker:
         elif key != self._schema:
             raise wire.WireError("tensor schema differs from the swarm's (names, dtypes and shapes must match)",
                                  "schema-mismatch")
-        nbytes = sum(spec.nbytes for spec in msg.specs)
-        letter = Letter(agent.rank, msg["round"], msg["tensors"], msg.frames, nbytes)
+        nbytes = sum(spec.nbytes for spec in msg.specs) if msg.frames else 0  # a reference alone moves no bytes here
+        letter = Letter(agent.rank, msg["round"], msg["tensors"], msg.frames, nbytes, ref=msg.get("ref"))
         agent.last_letter = letter
         agent.round = msg["round"]
         agent.publishes += 1
@@ -405,6 +413,10 @@ class Broker:
         self._settle(("publish", agent))
 
     def _on_collect(self, agent: Agent, msg: wire.Message) -> None:
+        for j in msg.get("unreachable", ()):
+            if (j, agent.rank) not in self._relay_edges and 0 <= j < self.topology.n:
+                self._relay_edges.add((j, agent.rank))
+                self._note("data-plane-fallbacks")
         in_peers = self._in_peers(agent.rank, msg["round"])
         agent.collect = Parked(msg["seq"], msg["round"], time.monotonic(), in_peers)
         self._settle(("collect", agent))
@@ -450,8 +462,10 @@ class Broker:
         if not parked.waiting_on:
             agent.publish = None
             agent.publish_wait_s += now - parked.since
+            relay = sorted(i for j, i in self._relay_edges if j == agent.rank) if parked.letter.ref else []
             self._reply(agent.identity, wire.ACK, {"seq": parked.seq, "round": parked.round,
-                                                   "written": parked.written, "skipped": parked.skipped})
+                                                   "written": parked.written, "skipped": parked.skipped,
+                                                   **({"relay": relay} if relay else {})})
         return touched
 
     def _advance_collect(self, agent: Agent) -> list[Agent]:
@@ -478,9 +492,14 @@ class Broker:
                 continue
             agent.stale[j] = 0
             agent.waited_on[j] = agent.waited_on.get(j, 0.0) + now - parked.since
-            header.append({"rank": j, "round": letter.round, "tensors": letter.schema})
-            frames.extend(letter.frames)
-            agent.bytes_out += letter.nbytes
+            entry = {"rank": j, "round": letter.round, "tensors": letter.schema}
+            if letter.ref is not None:
+                entry["ref"] = letter.ref
+                entry["relayed"] = bool(letter.frames) and (j, agent.rank) in self._relay_edges
+            if letter.ref is None or entry["relayed"]:
+                frames.extend(letter.frames)
+                agent.bytes_out += letter.nbytes
+            header.append(entry)
             released.append(self._agents[j])
             self._rewire_pending |= j in self._gone  # a gone agent's last letter read: bypass it now
         agent.collect = None

@@ -20,7 +20,7 @@ import zmq
 
 import topologies
 
-from . import keys, wire
+from . import dataplane, keys, wire
 
 
 class GossipError(RuntimeError):
@@ -68,6 +68,9 @@ class GossipClient:
         self._expect_digest = topology.digest() if topology is not None else None
         self._ctx = context or zmq.Context.instance()
         self._curve = keys.client_options(*curve) if curve is not None else None
+        self._curve_files = curve
+        self._plane: dataplane.AgentPlane | None = None
+        """Where letters' bytes go when the broker's swarm uses a data plane (WELCOME says which)."""
         self._watch: keys.HandshakeWatch | None = None
         self._seq = itertools.count(1)
         self._stager = wire.CudaStager()
@@ -124,9 +127,15 @@ class GossipClient:
         self.topology = topologies.from_dict(welcome["topology"])
         self.mode = welcome["mode"]
         self.round = welcome["round"]
+        if self._plane is None and welcome.get("data_plane", "broker") != "broker":
+            self._plane = dataplane.AgentPlane(welcome["data_plane"], self.address, self.mode, self._curve_files,
+                                               fetch_timeout=self.heartbeat * self.liveness)
 
     def close(self) -> None:
         """Say BYE (so the rank is free at once) and close. Safe to call twice."""
+        if self._plane is not None:
+            self._plane.close()
+            self._plane = None
         if self._sock is not None:
             try:
                 self._sock.send_multipart(wire.encode(wire.BYE, {"seq": next(self._seq)}), flags=zmq.NOBLOCK)
@@ -170,20 +179,21 @@ class GossipClient:
         (sync: after each out-peer read the previous round's letter), so the caller may then
         modify the tensors again."""
         (ack,) = self._request([self._publish_request(tensors)], timeout)
+        self._note_ack(ack)
         return PublishResult(ack["round"], ack["written"], ack["skipped"])
 
     def collect(self, timeout: float | None = None) -> dict[int, dict]:
         """The in-peers' letters for this round as {peer rank: {name: read-only array}}, then
         advance the round. Sync: waits for every in-peer; async: whatever has arrived."""
-        (deliver,) = self._request([(wire.COLLECT, {"round": self.round}, ())], timeout)
+        (deliver,) = self._request([self._collect_request()], timeout)
         return self._finish_round(deliver)
 
     def exchange(self, tensors: Mapping[str, Any], timeout: float | None = None) -> dict[int, dict]:
         """publish() then collect() pipelined in one round trip: both requests leave together and
         the two turn locks are waited on at the same time."""
         self._topology()
-        _, deliver = self._request([self._publish_request(tensors),
-                                    (wire.COLLECT, {"round": self.round}, ())], timeout)
+        ack, deliver = self._request([self._publish_request(tensors), self._collect_request()], timeout)
+        self._note_ack(ack)
         return self._finish_round(deliver)
 
     def ping(self, timeout: float | None = None) -> float:
@@ -195,14 +205,31 @@ class GossipClient:
     def _publish_request(self, tensors):
         if self.check_finite:
             _refuse_non_finite(tensors)
+        if self._plane is not None:
+            return (wire.PUBLISH, *self._plane.publish(tensors, self.round))
         schema, buffers = wire.pack_tensors(tensors, self.codec, self._stager)
         return (wire.PUBLISH, {"round": self.round, "tensors": schema}, buffers)
+
+    def _collect_request(self):
+        return (wire.COLLECT, {"round": self.round, **(self._plane.collect_fields() if self._plane else {})}, ())
+
+    def _note_ack(self, ack: wire.Message) -> None:
+        if self._plane is not None:
+            self._plane.relay_to = ack.get("relay", [])
+
+    @property
+    def plane_counts(self) -> dict[str, int]:
+        """Which path the letters took and what the data plane dropped (empty on the broker's relay)."""
+        return dict(self._plane.counts) if self._plane is not None else {}
 
     def _finish_round(self, deliver: wire.Message) -> dict[int, dict]:
         self.last_rounds = {letter["rank"]: letter.get("round") for letter in deliver["messages"]}
         self.last_weights = {int(j): float(w) for j, w in deliver["weights"]}
         self.round += 1
-        return wire.deliveries(deliver)
+        letters = wire.deliveries(deliver)
+        if self._plane is not None:
+            letters.update(self._plane.receive(deliver))
+        return letters
 
     # ------------------------------------------------------------ request / reply
 

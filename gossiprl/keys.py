@@ -199,7 +199,7 @@ class CurveServer:
         from zmq.auth.thread import ThreadAuthenticator
 
         self.public, self._secret = load_secret(secret_file)
-        self.allowed = load_allowed(allow_dir)
+        self.allowed = allow_dir if isinstance(allow_dir, frozenset) else load_allowed(allow_dir)
         self._own_context = context is None
         self.context = zmq.Context() if context is None else context
         self._auth = ThreadAuthenticator(self.context, log=logging.getLogger("gossiprl.keys.zap"))

@@ -319,7 +319,14 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
         msg.specs = parse_specs(header.get("tensors"), max_payload)
         if not msg.specs:
             raise WireError("PUBLISH carries no tensors")
-        _check_frames(msg.specs, msg.frames, cmd)
+        if "ref" in header and not isinstance(header["ref"], dict):
+            raise WireError("PUBLISH 'ref' must be a map (PROTOCOL.md section 10)")
+        if not ("ref" in header and not msg.frames):  # a data-plane letter may leave its bytes at home
+            _check_frames(msg.specs, msg.frames, cmd)
+    elif cmd == COLLECT and "unreachable" in header:
+        ranks = header["unreachable"]
+        if not isinstance(ranks, list) or len(ranks) > MAX_TENSORS or not all(type(r) is int for r in ranks):
+            raise WireError("COLLECT 'unreachable' must be a list of ranks")
     elif cmd == DELIVER:
         letters = header.get("messages")
         if not isinstance(letters, list):
@@ -328,7 +335,10 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
             if not isinstance(letter, dict) or not isinstance(letter.get("rank"), int):
                 raise WireError("each DELIVER entry needs an int 'rank'")
             letter["specs"] = parse_specs(letter.get("tensors"), max_payload)
-            msg.specs.extend(letter["specs"])
+            if "ref" in letter and not isinstance(letter["ref"], dict):
+                raise WireError("a DELIVER entry's 'ref' must be a map (PROTOCOL.md section 10)")
+            if _carries_frames(letter):
+                msg.specs.extend(letter["specs"])
         weights = header.get("weights")
         if not isinstance(weights, list) or not all(
                 isinstance(p, list) and len(p) == 2 and type(p[0]) is int and type(p[1]) in (int, float)
@@ -340,6 +350,11 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
     elif msg.frames:
         raise WireError(f"{cmd} carries no payload frames, got {len(msg.frames)}")
     return msg
+
+
+def _carries_frames(letter: dict) -> bool:
+    """A DELIVER entry has payload frames unless it is a data-plane reference the broker did not relay."""
+    return "ref" not in letter or letter.get("relayed") is True
 
 
 def unpack_tensors(specs: Sequence[TensorSpec], frames: Sequence) -> dict[str, np.ndarray]:
@@ -363,9 +378,11 @@ def unpack_tensors(specs: Sequence[TensorSpec], frames: Sequence) -> dict[str, n
 
 
 def deliveries(msg: Message) -> dict[int, dict[str, np.ndarray]]:
-    """Split a DELIVER message into {peer rank: {name: array}} without copying."""
+    """Split a DELIVER message into {peer rank: {name: array}} without copying (references left out)."""
     out, start = {}, 0
     for letter in msg.header["messages"]:
+        if not _carries_frames(letter):
+            continue
         specs = letter["specs"]
         out[letter["rank"]] = unpack_tensors(specs, msg.frames[start:start + len(specs)])
         start += len(specs)
