@@ -69,8 +69,11 @@ def main(verbose: int) -> None:
               help="Directory of the agents' public keys (*.key) the broker admits.")
 @click.option("--insecure", is_flag=True,
               help="Bind a non-loopback address without CURVE keys (only on a network you trust).")
+@click.option("--data-plane", type=click.Choice(["broker", "shm", "direct", "auto"]), default="broker",
+              show_default=True, help="Where parameter bytes travel: through the broker, shared memory, "
+              "agent to agent, or auto (shm on one host, direct across hosts). PROTOCOL.md section 10.")
 def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness, peer_timeout, stats_every,
-           curve_secret, curve_allow, insecure):
+           curve_secret, curve_allow, insecure, data_plane):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
     from .broker import Broker
 
@@ -80,7 +83,7 @@ def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness
     curve = (curve_secret, curve_allow) if curve_secret is not None else None
     try:
         b = Broker(topo, bind=bind, mode=mode, max_staleness=max_staleness, peer_timeout=peer_timeout,
-                   curve=curve, insecure=insecure)
+                   curve=curve, insecure=insecure, data_plane=data_plane)
     except (ValueError, OSError) as err:  # a non-loopback bind without keys; a missing or malformed key
         raise click.ClickException(str(err)) from None
     except Exception as err:  # zmq bind errors: address in use, bad endpoint
@@ -286,6 +289,9 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
               help="sync: PALA turn locks; async: GALA-style non-blocking.")
 @click.option("--max-staleness", type=click.IntRange(min=1), help="async: wait after this many rounds without a letter.")
 @click.option("--transport", type=click.Choice(["ipc", "tcp"]), default="ipc", show_default=True)
+@click.option("--data-plane", type=click.Choice(["broker", "shm", "direct", "auto"]), default="broker",
+              show_default=True, help="Where parameter bytes travel: through the broker, shared memory, "
+              "agent to agent, or auto (shm on one host, direct across hosts). PROTOCOL.md section 10.")
 @click.option("--stop-at-return", default="auto", show_default=True,
               help="Stop once the last 100 episodes of all agents average this; 'auto': the env's reward threshold, 'none': never.")
 @click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True), help="Stop after this much wall-clock time.")
@@ -293,8 +299,8 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 @click.option("--fail-fast", is_flag=True,
               help="Stop every agent when one crashes (default: the others carry on, rewired around it).")
 @agent_options
-def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transport, stop_at_return, max_seconds,
-        progress, fail_fast, **kw):
+def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transport, data_plane, stop_at_return,
+        max_seconds, progress, fail_fast, **kw):
     """Train a swarm of gossiping A2C agents on this host (broker + one process per agent)."""
     from . import launch
 
@@ -315,7 +321,7 @@ def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transpo
                                      param_hint="--stop-at-return") from None
     swarm = launch.SwarmConfig(agents=agents, topology=topology_spec, peers=peers, time_varying=time_varying,
                                mode=mode, max_staleness=max_staleness, codec=kw["codec"], transport=transport,
-                               stop_at_return=target, max_seconds=max_seconds, fail_fast=fail_fast)
+                               data_plane=data_plane, stop_at_return=target, max_seconds=max_seconds, fail_fast=fail_fast)
     run_dir = kw["run_dir"] or default_run_dir(kw["env_id"], topology_spec, kw["seed"])
     cfg = make_agent_config(kw, agents)
     layout = f"{topology_spec} topology, {mode} mode" if topology_spec else "plain A2C (no gossip)"

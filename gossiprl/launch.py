@@ -63,6 +63,8 @@ class SwarmConfig:
     """Parameters on the wire: raw float32, or bf16 / fp16 (half the bytes)."""
     transport: str = "ipc"
     """ipc (unix sockets, fastest on one host) or tcp (loopback)."""
+    data_plane: str = "broker"
+    """Where parameter bytes travel: broker (relayed), shm (shared memory), direct (agent to agent), auto."""
     gossip_timeout: float = 60.0
     """Seconds an agent waits for a turn lock before it skips the round and trains on."""
     stop_at_return: float | None = None
@@ -188,7 +190,8 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     with tempfile.TemporaryDirectory(prefix="gossiprl-") as tmp:
         if topo is not None:
             bind = f"ipc://{tmp}/broker" if swarm.transport == "ipc" else "tcp://127.0.0.1:0"
-            broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness).start()
+            broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness,
+                            data_plane=swarm.data_plane).start()
         bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
         try:
             for rank in range(swarm.agents):

@@ -1,0 +1,210 @@
+"""Data planes (PROTOCOL.md section 10): the broker passes references, the bytes go agent to agent.
+
+Every plane must give the swarm exactly what the relay gives it, never hand a reader a letter
+that was being overwritten, fall back to the relay for an edge it cannot serve, and leave no
+shared memory behind whatever gets killed.
+"""
+import csv
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import topologies
+from gossiprl import Broker, GossipClient, mix
+from gossiprl.cli import main
+from gossiprl.dataplane import ShmReader, Segment
+
+PLANES = ["broker", "shm", "direct", "auto"]
+FAST = {"heartbeat": 0.1, "liveness": 10}
+
+
+def _swarm(plane, mode="sync", n=3, rounds=8, tamper=None, numel=1000):
+    """n threads gossiping on a ring through real sockets; returns each rank's parameters and plane counts."""
+    out = {}
+    with Broker(topologies.make("ring", n), data_plane=plane, mode=mode).start() as broker:
+        clients = {r: GossipClient(broker.address, r, timeout=20, **FAST) for r in range(n)}
+        if tamper:
+            tamper(clients)
+
+        def agent(r):
+            x = np.arange(numel, dtype=np.float32) * (r + 1)
+            peers = set()
+            for _ in range(rounds):
+                letters = clients[r].exchange({"x": x})
+                peers |= set(letters)
+                mix({"x": x}, letters, clients[r].last_weights, r)
+            out[r] = (x, clients[r].plane_counts, peers)
+
+        threads = [threading.Thread(target=agent, args=(r,)) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for c in clients.values():
+            c.close()
+        return out, broker.stats()
+
+
+def _shm_files():
+    return sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else []
+
+
+@pytest.mark.parametrize("plane", PLANES[1:])
+def test_sync_consensus_is_bit_identical_to_the_relay(plane):
+    relayed, _ = _swarm("broker")
+    got, stats = _swarm(plane)
+    for r in relayed:
+        assert np.array_equal(relayed[r][0], got[r][0]), f"rank {r} mixed differently over {plane}"
+        counts = got[r][1]
+        path = "direct" if plane == "direct" else "shm"
+        assert counts[path] == 8 and counts["relay"] == 0 and counts["torn"] == 0, counts
+    assert all(a["bytes_out"] == 0 for a in stats["agents"].values()), "the broker relayed bytes anyway"
+
+
+@pytest.mark.parametrize("plane", PLANES[1:])
+def test_async_letters_are_whole_and_the_swarm_agrees(plane):
+    got, _ = _swarm(plane, mode="async", rounds=30)
+    for x, counts, peers in got.values():
+        assert np.isfinite(x).all() and counts["torn"] == 0
+        assert peers, "no letter ever arrived"
+    spread = max(float(np.abs(got[r][0] - got[0][0]).max()) for r in got)
+    assert spread < 0.05 * 999 * 3, "the agents did not move towards each other"
+
+
+def _writer(conn, stop):
+    """Rewrite one segment as fast as possible; letter k is k everywhere, so a torn read shows."""
+    seg, x = Segment(), np.zeros(1 << 20, np.float32)
+    k = 0
+    while not stop.is_set():
+        x.fill(k)
+        _, ref = seg.write({"x": x}, k)
+        if conn.poll(0):
+            conn.recv()
+            conn.send(ref)
+        k += 1
+    seg.close()
+
+
+def test_async_copy_never_returns_a_torn_letter():
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    stop = ctx.Event()
+    proc = ctx.Process(target=_writer, args=(child, stop))
+    proc.start()
+    reader, whole, stale = ShmReader(), 0, 0
+    spec = None
+    try:
+        from gossiprl.wire import TensorSpec
+        spec = [TensorSpec("x", "float32", (1 << 20,), 4 << 20, "float32")]
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and (whole < 20 or stale < 5):
+            parent.send(None)
+            ref = parent.recv()
+            time.sleep(0.001 * (whole % 3))  # sometimes late: the writer has moved on
+            letter = reader.read(ref, spec, copy=True)
+            if letter is None:
+                stale += 1
+            else:
+                x = letter["x"]
+                assert x[0] == x[-1] == x.min() == x.max(), "a torn letter was handed out"
+                whole += 1
+    finally:
+        stop.set()
+        proc.join(10)
+        reader.close()
+    assert whole >= 20 and stale >= 1, (whole, stale)
+
+
+def test_stale_reference_reads_as_none():
+    seg, reader = Segment(), ShmReader()
+    x = np.ones(10, np.float32)
+    specs, first = seg.write({"x": x}, 0)
+    for r in range(1, 4):  # three more letters: the first one's slot is taken again
+        seg.write({"x": x * r}, r)
+    assert reader.read(first, specs, copy=False) is None
+    specs, last = seg.write({"x": x * 7}, 4)
+    assert reader.read(last, specs, copy=False)["x"][0] == 7.0
+    reader.close()
+    seg.close()
+
+
+WRITER = """
+import sys, time, numpy as np
+from gossiprl import GossipClient
+c = GossipClient(sys.argv[1], 0, heartbeat=0.1, liveness=10)
+x = np.full(1 << 18, 3.0, np.float32)
+c.publish({"x": x})
+print("published", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_writer_killed_mid_read_leaves_a_readable_letter_and_no_segment(tmp_path):
+    before = _shm_files()
+    with Broker(topologies.make("ring", 2), data_plane="shm").start() as broker:
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, broker.address], stdout=subprocess.PIPE, text=True)
+        try:
+            assert writer.stdout.readline().strip() == "published"
+            with GossipClient(broker.address, 1, timeout=10, **FAST) as reader:
+                letters = reader.collect()  # views into the writer's segment
+                writer.send_signal(signal.SIGKILL)
+                writer.wait(10)
+                assert not os.path.exists(f"/proc/{writer.pid}")
+                assert float(letters[0]["x"].sum()) == 3.0 * (1 << 18), "the mapping died with the writer"
+                broker.declare_gone(0)
+                reader.publish({"x": np.zeros(1 << 18, np.float32)})
+                assert reader.collect() == {}, "a gone writer's letter was delivered twice"
+        finally:
+            if writer.poll() is None:
+                writer.kill()
+    assert _shm_files() == before, "a segment outlived its writer"
+
+
+def _bogus_endpoint(rank):
+    def tamper(clients):
+        clients[rank]._plane.server.endpoint = "tcp://127.0.0.1:1"  # nothing listens there
+    return tamper
+
+
+def _elsewhere(rank):
+    def tamper(clients):
+        clients[rank]._plane.host = "another-host"  # this reader cannot map anyone's memory
+    return tamper
+
+
+@pytest.mark.parametrize("plane,tamper", [("direct", _bogus_endpoint(0)), ("shm", _elsewhere(1))])
+def test_unreachable_writer_falls_back_to_the_relay_for_that_edge(plane, tamper):
+    got, stats = _swarm(plane, n=2, rounds=8, tamper=tamper)
+    assert stats["events"].get("data-plane-fallbacks") == 1
+    counts = got[1][1]
+    assert counts["unreachable"] >= 1 and counts["relay"] >= 5, counts
+    assert got[1][2] == {0}, "rank 1 never got rank 0's letters"
+    assert got[0][1]["relay"] == 0, "the other edge should have stayed off the relay"
+    assert stats["agents"][1]["bytes_out"] > 0 and stats["agents"][0]["bytes_out"] == 0
+    assert np.allclose(got[0][0], got[1][0], rtol=0.2), "the two agents did not mix"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("plane", ["shm", "direct"])
+def test_cartpole_run_over_a_data_plane(tmp_path, plane):
+    before = _shm_files()
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", "--agents", "2", "--topology", "ring", "--data-plane", plane,
+                                       "--total-frames", "8000", "--log-every", "20", "--run-dir", str(run_dir),
+                                       "--no-progress", "--stop-at-return", "none"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] >= 8000 and not summary["failed"]
+    rows = list(csv.DictReader((run_dir / "agent-0" / "metrics.csv").open()))
+    assert any(float(row["gossip/peers"]) == 1.0 for row in rows), "no letter was ever mixed"
+    assert _shm_files() == before
