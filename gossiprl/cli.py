@@ -168,7 +168,8 @@ def bench():
 @click.option("--rounds", type=click.IntRange(min=1), default=30, show_default=True)
 @click.option("--transport", type=click.Choice(["tcp", "ipc"]), default="tcp", show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
-def bench_comms(agents, params, rounds, transport, json_path):
+@click.option("--planes-only", is_flag=True, help="Only the data planes next to GALA-style shm and gloo.")
+def bench_comms(agents, params, rounds, transport, json_path, planes_only):
     """One gossip round: memcpy floor, raw ZeroMQ relay, gossiprl, and the PALA paper's path."""
     from . import bench_comms as bc
 
@@ -178,7 +179,10 @@ def bench_comms(agents, params, rounds, transport, json_path):
         raise click.BadParameter(f"{agents!r}: give comma-separated integers like 2,4,8", param_hint="--agents")
     if any(a < 2 for a in ring):
         raise click.BadParameter("ring sizes must be >= 2", param_hint="--agents")
-    result = bc.run(ring, params, rounds, transport=transport, echo=click.echo)
+    from . import bench_planes
+
+    result = {} if planes_only else bc.run(ring, params, rounds, transport=transport, echo=click.echo)
+    result["planes"] = bench_planes.run(ring, params, rounds, echo=click.echo)
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
         click.echo(f"figures written to {json_path}")

@@ -27,6 +27,7 @@ slot, through the torch module its caller already imported.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -67,6 +68,7 @@ def check_plane(plane: str) -> str:
     return plane
 
 
+@functools.lru_cache(maxsize=1)
 def host_id() -> str:
     """Who can map whose memory: the same kernel boot and the same pid namespace (``/proc/<pid>``
     must name the writer). Network namespaces do not matter: shared memory does not cross a link."""
