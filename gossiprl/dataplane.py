@@ -467,18 +467,22 @@ class AgentPlane:
         return {"round": round, "tensors": [s.to_wire() for s in specs], "ref": ref}, frames
 
     def collect_fields(self) -> dict:
-        """Tell the broker (once) which writers we cannot reach, so it relays their letters to us."""
+        """Tell the broker (once) which writers we cannot reach, so it relays their letters to us.
+
+        Called just before a COLLECT leaves, which is where the letters read in place stop being
+        guaranteed: so that is where they are checked for having stayed whole.
+        """
+        for ref in self._reading:
+            if not self.reader.intact(ref):
+                self.counts["torn"] += 1
+                log.error("a sync-mode letter was overwritten while it was mixed (writer pid %s)", ref.get("pid"))
+        self._reading = []
         if not self._to_report:
             return {}
         fields, self._to_report = {"unreachable": sorted(self._to_report)}, set()
         return fields
 
     def receive(self, deliver: wire.Message) -> dict[int, dict[str, np.ndarray]]:
-        for ref in self._reading:
-            if not self.reader.intact(ref):
-                self.counts["torn"] += 1
-                log.error("a sync-mode letter was overwritten while it was mixed (writer pid %s)", ref.get("pid"))
-        self._reading = []
         out, remote = {}, {}
         for letter in deliver["messages"]:
             ref, rank = letter.get("ref"), letter["rank"]
