@@ -21,7 +21,8 @@ from click.testing import CliRunner
 import topologies
 from gossiprl import Broker, GossipClient, mix
 from gossiprl.cli import main
-from gossiprl.dataplane import ShmReader, Segment
+from gossiprl.dataplane import Segment, ShmReader
+from gossiprl.wire import TensorSpec
 
 PLANES = ["broker", "shm", "direct", "auto"]
 FAST = {"heartbeat": 0.1, "liveness": 10}
@@ -101,11 +102,11 @@ def test_async_copy_never_returns_a_torn_letter():
     proc = ctx.Process(target=_writer, args=(child, stop))
     proc.start()
     reader, whole, stale = ShmReader(), 0, 0
-    spec = None
+    spec = [TensorSpec("x", "float32", (1 << 20,), 4 << 20, "float32")]
     try:
-        from gossiprl.wire import TensorSpec
-        spec = [TensorSpec("x", "float32", (1 << 20,), 4 << 20, "float32")]
-        deadline = time.monotonic() + 3
+        parent.send(None)
+        parent.recv()  # the writer is up: a spawned process may take seconds to start on a busy machine
+        deadline = time.monotonic() + 20
         while time.monotonic() < deadline and (whole < 20 or stale < 5):
             parent.send(None)
             ref = parent.recv()
