@@ -188,6 +188,32 @@ def bench_comms(agents, params, rounds, transport, json_path, planes_only):
         click.echo(f"figures written to {json_path}")
 
 
+@bench.command("scale")
+@click.option("--hosts", default="2,4,8,16", show_default=True, help="Comma-separated numbers of hosts (ring sizes).")
+@click.option("--rate", default="1gbit", show_default=True, help="Each host link's rate each way (tc tbf syntax).")
+@click.option("--params", type=click.IntRange(min=1), default=1_687_719, show_default=True,
+              help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).")
+@click.option("--rounds", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="scale.png", show_default=True)
+@click.option("--quick", is_flag=True, help="n = 2, 4 with 100,000 values and 5 rounds: a smoke run.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
+def bench_scale(hosts, rate, params, rounds, plot_path, quick, json_path):
+    """Ring round time vs hosts (network namespaces behind shaped links): broker relay vs direct."""
+    from . import bench_scale as bs
+
+    try:
+        ns = [int(h) for h in hosts.split(",") if h.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{hosts!r}: give comma-separated integers like 2,4,8", param_hint="--hosts")
+    if not ns or any(h < 2 for h in ns):
+        raise click.BadParameter("host counts must be >= 2", param_hint="--hosts")
+    if quick:
+        ns, params, rounds = [2, 4], 100_000, 5
+    result = bs.run(ns, numel=params, rounds=rounds, rate=rate, plot=plot_path, echo=click.echo)
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2))
+
+
 @bench.command("train")
 @click.option("--env", "env_id", default="ALE/Pong-v5", show_default=True)
 @click.option("--agents", "-n", type=click.IntRange(min=1), default=2, show_default=True)

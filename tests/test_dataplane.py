@@ -209,3 +209,32 @@ def test_cartpole_run_over_a_data_plane(tmp_path, plane):
     rows = list(csv.DictReader((run_dir / "agent-0" / "metrics.csv").open()))
     assert any(float(row["gossip/peers"]) == 1.0 for row in rows), "no letter was ever mixed"
     assert _shm_files() == before
+
+
+@pytest.mark.timeout(120)
+def test_bench_rows_measure_every_path():
+    from gossiprl import bench_planes
+
+    table = bench_planes.run(agents=(2,), numel=10_000, rounds=3, warmup=1,
+                             rows=("gala_shm", "gloo_ring", "gloo_allreduce", "shm", "direct"), echo=lambda _: None)
+    assert all(table[0][row] > 0 for row in ("gala_shm", "gloo_ring", "gloo_allreduce", "shm", "direct"))
+    assert table[0]["shm_over_gala"] > 0
+
+
+@pytest.mark.timeout(200)
+def test_bench_scale_quick(tmp_path):
+    from gossiprl import bench_scale
+
+    if bench_scale.unavailable():
+        pytest.skip(bench_scale.unavailable())
+    plot = tmp_path / "scale.png"
+    result = CliRunner().invoke(main, ["bench", "scale", "--quick", "--plot", str(plot),
+                                       "--json", str(tmp_path / "scale.json")])
+    assert result.exit_code == 0, result.output
+    table = json.loads((tmp_path / "scale.json").read_text())["table"]
+    assert [row["hosts"] for row in table] == [2, 4]
+    assert all(row["broker"] > 0 and row["direct"] > 0 for row in table)
+    assert all(row["direct_counts"]["direct"] > 0 and row["direct_counts"]["unreachable"] == 0 for row in table)
+    assert plot.stat().st_size > 0
+    leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"gscale-{os.getpid()}-" not in leftovers, "the bench left namespaces behind"
