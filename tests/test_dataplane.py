@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 import topologies
-from gossiprl import Broker, GossipClient, mix
+from gossiprl import Broker, GossipClient, keys, mix
 from gossiprl.cli import main
 from gossiprl.dataplane import Segment, ShmReader
 from gossiprl.wire import TensorSpec
@@ -53,6 +53,19 @@ def _swarm(plane, mode="sync", n=3, rounds=8, tamper=None, numel=1000):
         for c in clients.values():
             c.close()
         return out, broker.stats()
+
+
+def _curve_ring(tmp_path, agent_names):
+    """A CURVE broker over direct, and each rank's client with the key pair named for it."""
+    keys.generate(tmp_path / "broker", "broker")
+    for name in set(agent_names):
+        keys.generate(tmp_path / "agents", name)
+    broker = Broker(topologies.make("ring", 2), data_plane="direct",
+                    curve=(tmp_path / "broker" / "broker.key_secret", tmp_path / "agents")).start()
+    clients = [GossipClient(broker.address, r, timeout=20, **FAST,
+                            curve=(tmp_path / "agents" / f"{name}.key_secret", tmp_path / "broker" / "broker.key"))
+               for r, name in enumerate(agent_names)]
+    return broker, clients
 
 
 def _shm_files():
@@ -238,3 +251,23 @@ def test_bench_scale_quick(tmp_path):
     assert plot.stat().st_size > 0
     leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"gscale-{os.getpid()}-" not in leftovers, "the bench left namespaces behind"
+
+
+@pytest.mark.parametrize("names,path", [(("agent", "agent"), "direct"), (("agent-0", "agent-1"), "relay")])
+def test_direct_fetches_are_curve_authenticated(tmp_path, names, path):
+    """Agents sharing a key pair fetch from each other over CURVE; agents with their own keys cannot
+    (a writer admits only its own public key) and fall back to the relay, never to plaintext."""
+    broker, clients = _curve_ring(tmp_path, names)
+    try:
+        for value in range(6):
+            clients[0].publish({"x": np.full(3, float(value), np.float32)})
+            clients[1].publish({"x": np.full(3, -1.0, np.float32)})
+            got = clients[1].collect()
+            clients[0].collect()
+        assert clients[1].plane_counts[path] >= 3, clients[1].plane_counts
+        assert got[0]["x"][0] == 5.0
+        assert clients[0]._plane.server.public_key is not None
+    finally:
+        for c in clients:
+            c.close()
+        broker.close()
