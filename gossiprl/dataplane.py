@@ -194,6 +194,23 @@ def split_payload(buf, specs: Sequence[wire.TensorSpec]) -> dict[str, np.ndarray
     return out
 
 
+def copy_whole(version_of, payload_of, slots: int, slot: int, version: int, latest: bool) -> bytearray | None:
+    """Copy a letter out of its slot, then check the slot was not rewritten meanwhile (the seqlock).
+
+    ``latest`` (async mode) takes the newest whole letter at least as new as ``version``: a reader
+    that fell behind gets its writer's freshest parameters rather than nothing. None: no such letter.
+    """
+    order = sorted(range(slots), key=version_of, reverse=True) if latest else [slot]
+    for s in order:
+        v = version_of(s)
+        if v % 2 or v < version or (not latest and v != version):
+            continue
+        data = bytearray(payload_of(s))
+        if version_of(s) == v:
+            return data
+    return None
+
+
 class ShmReader:
     """Maps writers' segments (once each) and reads letters out of them, checking the seqlock."""
 
@@ -218,23 +235,28 @@ class ShmReader:
         """The letter, or None when the slot no longer holds it (overwritten: a stale reference).
 
         ``copy=False`` (sync mode) hands back views into the writer's memory, valid until this
-        reader collects again; ``copy=True`` (async mode) copies first and checks the version after.
+        reader collects again; ``copy=True`` (async mode) copies the newest whole letter (see
+        ``copy_whole``) and checks the version after the copy.
         """
         seg = self._map(ref)
-        slots, slot_bytes = np.frombuffer(seg, np.uint64, 2, 24)
+        slots, slot_bytes = (int(v) for v in np.frombuffer(seg, np.uint64, 2, 24))
         slot = int(ref["slot"])
         if not 0 <= slot < slots or layout(specs)[1] > slot_bytes:
             raise OSError("the descriptor does not fit the writer's segment")
-        start = HEADER_BYTES + slot * (SLOT_HEADER_BYTES + int(slot_bytes))
-        head = np.frombuffer(seg, np.int64, 2, start)
-        if head[0] != ref["version"]:
-            return None
-        payload = memoryview(seg)[start + SLOT_HEADER_BYTES:start + SLOT_HEADER_BYTES + int(slot_bytes)]
+
+        def start(s):
+            return HEADER_BYTES + s * (SLOT_HEADER_BYTES + slot_bytes)
+
+        def version_of(s):
+            return int(np.frombuffer(seg, np.int64, 1, start(s))[0])
+
+        def payload_of(s):
+            return memoryview(seg)[start(s) + SLOT_HEADER_BYTES:start(s) + SLOT_HEADER_BYTES + slot_bytes]
+
         if copy:
-            payload = bytearray(payload)
-            if head[0] != ref["version"]:
-                return None
-        return split_payload(payload, specs)
+            data = copy_whole(version_of, payload_of, slots, slot, int(ref["version"]), latest=True)
+            return None if data is None else split_payload(data, specs)
+        return split_payload(payload_of(slot), specs) if version_of(slot) == ref["version"] else None
 
     def intact(self, ref: Mapping) -> bool:
         """Whether the slot still holds the letter ``ref`` names (checked after a sync-mode mix)."""
@@ -329,16 +351,13 @@ class LetterServer:
 
     def _answer(self, identity: bytes, req: dict) -> None:
         seg, slot, version = self.segment, req.get("slot"), req.get("version")
-        ok = type(slot) is int and 0 <= slot < SLOTS and type(version) is int and seg.map is not None
-        data = b""
-        if ok:
-            head = seg._slot_header(slot)
-            ok = int(head[0]) == version
-            if ok:
-                data = bytes(seg.payload(slot))
-                ok = int(head[0]) == version
+        data = None
+        if type(slot) is int and 0 <= slot < SLOTS and type(version) is int and seg.map is not None:
+            data = copy_whole(lambda s: int(seg._slot_header(s)[0]), seg.payload, SLOTS, slot, version,
+                              latest=req.get("latest") is True)
+        ok = data is not None
         self._sock.send_multipart([identity, _frame({"cmd": LETTER, "seq": req["seq"], "ok": ok}),
-                                   data if ok else b""], flags=zmq.NOBLOCK)
+                                   data if ok else b""], flags=zmq.NOBLOCK, copy=False)  # data is ours alone
         self.served += ok
 
     def close(self) -> None:
@@ -371,15 +390,17 @@ class Fetcher:
             self._socks[endpoint] = sock
         return sock
 
-    def fetch(self, wanted: Mapping[int, tuple[Mapping, Sequence[wire.TensorSpec]]],
-              timeout: float) -> tuple[dict[int, dict], list[int], list[int]]:
-        """Letters by writer rank; then the ranks whose slot was overwritten, and the unreachable ones."""
+    def fetch(self, wanted: Mapping[int, tuple[Mapping, Sequence[wire.TensorSpec]]], timeout: float,
+              latest: bool = False) -> tuple[dict[int, dict], list[int], list[int]]:
+        """Letters by writer rank; then the ranks whose slot was overwritten, and the unreachable ones.
+        ``latest``: the newest whole letter will do (async mode, as ``copy_whole``)."""
         pending = {}
         for rank, (ref, specs) in wanted.items():
             seq = next(self._seq)
             sock = self._sock(ref)
             try:
-                sock.send(_frame({"cmd": FETCH, "seq": seq, "slot": ref["slot"], "version": ref["version"]}),
+                sock.send(_frame({"cmd": FETCH, "seq": seq, "slot": ref["slot"], "version": ref["version"],
+                                  "latest": latest}),
                           flags=zmq.NOBLOCK)
             except zmq.Again:
                 continue
@@ -513,7 +534,7 @@ class AgentPlane:
             else:
                 self._lost(rank)
         if remote:
-            got, overwritten, unreachable = self.fetcher.fetch(remote, self.fetch_timeout)
+            got, overwritten, unreachable = self.fetcher.fetch(remote, self.fetch_timeout, self.mode != "sync")
             out.update(got)
             self.counts["direct"] += len(got)
             self.counts["overwritten"] += len(overwritten)
