@@ -368,73 +368,100 @@ class LetterServer:
 
 
 class Fetcher:
-    """A reader's DEALER sockets, one per writer endpoint: fetch many letters at once, in parallel."""
+    """A reader's DEALER sockets, one per writer endpoint: fetch many letters at once, in parallel.
 
-    def __init__(self, curve_client: Mapping[int, bytes] | None = None, context: zmq.Context | None = None):
+    A writer is *unreachable* when no connection to it completed within the timeout; one that
+    connected but answers late is only *slow* (a starved process): it is waited for up to
+    ``patience`` times longer, and past that its letter is dropped for this round, without giving
+    up on the edge.
+    """
+
+    def __init__(self, curve_client: Mapping[int, bytes] | None = None, context: zmq.Context | None = None,
+                 patience: float = 10.0):
         self._curve = dict(curve_client) if curve_client else None
         self._ctx = context or zmq.Context.instance()
-        self._socks: dict[str, zmq.Socket] = {}
+        self._socks: dict[str, tuple[zmq.Socket, zmq.Socket]] = {}
+        self._connected: set[str] = set()
         self._seq = itertools.count(1)
+        self.patience = patience
 
     def _sock(self, ref: Mapping) -> zmq.Socket:
         endpoint = ref["endpoint"]
-        sock = self._socks.get(endpoint)
-        if sock is None:
+        if endpoint not in self._socks:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             if self._curve is not None:
                 opts = {**self._curve, zmq.CURVE_SERVERKEY: str(ref.get("key", "")).encode()}
                 for option, value in opts.items():
                     sock.setsockopt(option, value)
+            monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED,
+                                              addr=f"inproc://gossiprl-fetch-monitor-{uuid.uuid4().hex}")
             sock.connect(endpoint)
-            self._socks[endpoint] = sock
-        return sock
+            self._socks[endpoint] = (sock, monitor)
+        return self._socks[endpoint][0]
+
+    def _reached(self, endpoint: str) -> bool:
+        monitor = self._socks[endpoint][1]
+        while monitor.poll(0):
+            monitor.recv_multipart()
+            self._connected.add(endpoint)
+        return endpoint in self._connected
+
+    def _drop(self, endpoint: str) -> None:
+        """Close a writer's socket, and with it whatever is queued to it; the next fetch reconnects."""
+        sock, monitor = self._socks.pop(endpoint)
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
 
     def fetch(self, wanted: Mapping[int, tuple[Mapping, Sequence[wire.TensorSpec]]], timeout: float,
-              latest: bool = False) -> tuple[dict[int, dict], list[int], list[int]]:
-        """Letters by writer rank; then the ranks whose slot was overwritten, and the unreachable ones.
+              latest: bool = False) -> tuple[dict[int, dict], dict[str, list[int]]]:
+        """Letters by writer rank, and the ranks lost: ``overwritten``, ``unreachable``, ``slow``.
         ``latest``: the newest whole letter will do (async mode, as ``copy_whole``)."""
-        pending = {}
+        pending, got = {}, {}
+        lost = {"overwritten": [], "unreachable": [], "slow": []}
         for rank, (ref, specs) in wanted.items():
             seq = next(self._seq)
             sock = self._sock(ref)
             try:
                 sock.send(_frame({"cmd": FETCH, "seq": seq, "slot": ref["slot"], "version": ref["version"],
-                                  "latest": latest}),
-                          flags=zmq.NOBLOCK)
+                                  "latest": latest}), flags=zmq.NOBLOCK)
             except zmq.Again:
+                lost["unreachable"].append(rank)
                 continue
-            pending[seq] = (rank, sock, specs)
-        got, overwritten = {}, []
+            pending[seq] = (rank, ref["endpoint"], specs)
         poller = zmq.Poller()
-        for sock in {id(s): s for _, s, _ in pending.values()}.values():
-            poller.register(sock, zmq.POLLIN)
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            for sock, _ in poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+        for endpoint in {e for _, e, _ in pending.values()}:
+            poller.register(self._socks[endpoint][0], zmq.POLLIN)
+        start = time.monotonic()
+        while pending:
+            waited = time.monotonic() - start
+            reached = all(self._reached(e) for _, e, _ in pending.values())
+            if waited > timeout * (self.patience if reached else 1.0):
+                break
+            for sock, _ in poller.poll(100):
                 frames = sock.recv_multipart(copy=False)
                 try:
                     reply = _parse(frames[0])
                 except wire.WireError:
                     continue
                 entry = pending.pop(reply["seq"], None)
-                if entry is None:
+                if entry is None:  # the answer to a request we gave up on
                     continue
                 rank, _, specs = entry
                 if reply.get("ok") is True and len(frames) == 2 and len(frames[1]) >= layout(specs)[1]:
                     got[rank] = split_payload(frames[1].buffer, specs)
                 else:
-                    overwritten.append(rank)
-        unreachable = [rank for rank, _, _ in pending.values()]
-        dead = {id(sock) for _, sock, _ in pending.values()}
-        for endpoint in [e for e, s in self._socks.items() if id(s) in dead]:  # drop what is queued to them
-            self._socks.pop(endpoint).close(linger=0)
-        return got, overwritten, unreachable
+                    lost["overwritten"].append(rank)
+        for rank, endpoint, _ in pending.values():
+            lost["slow" if self._reached(endpoint) else "unreachable"].append(rank)
+        for endpoint in {e for _, e, _ in pending.values()}:
+            self._drop(endpoint)
+        return got, lost
 
     def close(self) -> None:
-        for sock in self._socks.values():
-            sock.close(linger=0)
-        self._socks.clear()
+        for endpoint in list(self._socks):
+            self._drop(endpoint)
 
 
 # ------------------------------------------------------------------ one agent's end of the data plane
@@ -446,8 +473,8 @@ class AgentPlane:
     payload frames for readers the broker says cannot reach us: the relay fallback);
     ``receive`` turns the references of a DELIVER into letters, from shared memory on this host
     or fetched from the writer's server. ``counts`` says which path each letter took and what
-    was dropped: ``overwritten`` (async: a stale reference), ``unreachable`` (its edge then falls
-    back to the relay), ``writer-gone`` (its process died before we mapped its segment) and
+    was dropped: ``overwritten`` (a stale reference), ``unreachable`` (its edge then falls back to
+    the relay), ``slow`` (a writer that connected but did not answer in time), ``writer-gone`` (its process died before we mapped its segment) and
     ``torn`` (a sync-mode letter changed under a mix: a broken promise, never expected).
     """
 
@@ -471,7 +498,7 @@ class AgentPlane:
         self.unreachable: set[int] = set()
         self._to_report: set[int] = set()
         self._reading: list[dict] = []
-        self.counts = {k: 0 for k in ("shm", "direct", "relay", "overwritten", "unreachable", "writer-gone", "torn")}
+        self.counts = {k: 0 for k in ("shm", "direct", "relay", "overwritten", "unreachable", "slow", "writer-gone", "torn")}
 
     def publish(self, tensors: Mapping[str, Any], round: int) -> tuple[dict, list]:
         specs, ref = self.segment.write(tensors, round)
@@ -534,11 +561,12 @@ class AgentPlane:
             else:
                 self._lost(rank)
         if remote:
-            got, overwritten, unreachable = self.fetcher.fetch(remote, self.fetch_timeout, self.mode != "sync")
+            got, lost = self.fetcher.fetch(remote, self.fetch_timeout, self.mode != "sync")
             out.update(got)
             self.counts["direct"] += len(got)
-            self.counts["overwritten"] += len(overwritten)
-            for rank in unreachable:
+            self.counts["overwritten"] += len(lost["overwritten"])
+            self.counts["slow"] += len(lost["slow"])
+            for rank in lost["unreachable"]:
                 self._lost(rank)
         return out
 

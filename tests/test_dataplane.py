@@ -286,3 +286,22 @@ def test_async_reader_that_fell_behind_gets_the_newest_whole_letter(plane):
             letters = reader.collect()
             assert letters[0]["x"].min() == letters[0]["x"].max() == 9.0
             assert reader.plane_counts["overwritten"] == 0
+
+
+def test_writer_that_connects_but_does_not_answer_is_slow_not_unreachable():
+    """A starved writer process must not push its edge onto the relay for good: it lost a round."""
+    with Broker(topologies.make("ring", 2), data_plane="direct").start() as broker:
+        clients = [GossipClient(broker.address, r, timeout=20, **FAST) for r in range(2)]
+        try:
+            clients[0]._plane.server._answer = lambda identity, req: None  # takes requests, never replies
+            clients[1]._plane.fetcher.patience = 2.0
+            for _ in range(2):
+                clients[0].publish({"x": np.zeros(3, np.float32)})
+                clients[1].publish({"x": np.ones(3, np.float32)})
+                assert clients[1].collect() == {}
+                clients[0].collect()
+            assert clients[1].plane_counts["slow"] == 2 and clients[1].plane_counts["unreachable"] == 0
+            assert "data-plane-fallbacks" not in broker.stats()["events"]
+        finally:
+            for c in clients:
+                c.close()
