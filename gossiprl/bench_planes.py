@@ -14,7 +14,8 @@ The peers, written here in their simplest honest form:
 
 The gossiprl rows time ``GossipClient.exchange`` plus ``gossip.mix`` (which also checks every
 value is finite and measures the consensus distance), through a Broker in the parent process;
-"shm, no mix" is the shm exchange alone, to tell the transport's share from the mixing's.
+"shm, axpy mix" mixes with GALA's plain ``x += m; x *= 0.5`` instead: the same work as the
+GALA-style row, so the two tell the transport's cost apart from the mixing's.
 """
 from __future__ import annotations
 
@@ -32,10 +33,10 @@ import topologies
 from .bench_comms import NATURE_CNN_PARAMS
 from .broker import Broker
 
-ROWS = ("gala_shm", "gloo_ring", "gloo_allreduce", "broker", "shm", "direct", "shm_exchange")
+ROWS = ("gala_shm", "gloo_ring", "gloo_allreduce", "broker", "shm", "direct", "shm_axpy")
 LABELS = {"gala_shm": "GALA-style shm+semaphores", "gloo_ring": "gloo ring send/recv",
           "gloo_allreduce": "gloo all_reduce", "broker": "gossiprl broker relay",
-          "shm": "gossiprl shm", "direct": "gossiprl direct", "shm_exchange": "gossiprl shm, no mix"}
+          "shm": "gossiprl shm", "direct": "gossiprl direct", "shm_axpy": "gossiprl shm, axpy mix"}
 
 
 def _times(step, rounds: int, warmup: int) -> list[float]:
@@ -103,7 +104,7 @@ def _gloo_agent(store, n, rank, numel, rounds, warmup, allreduce, out):
         dist.destroy_process_group()
 
 
-def _gossiprl_agent(address, rank, numel, rounds, warmup, mixing, out):
+def _gossiprl_agent(address, rank, numel, rounds, warmup, plain_mix, out):
     from .client import GossipClient
     from .gossip import mix
 
@@ -111,7 +112,11 @@ def _gossiprl_agent(address, rank, numel, rounds, warmup, mixing, out):
     with GossipClient(address, rank, timeout=120) as client:
         def step():
             letters = client.exchange({"params": x})
-            if mixing:
+            if plain_mix:
+                for letter in letters.values():
+                    x.__iadd__(letter["params"])
+                    x.__imul__(0.5)
+            else:
                 mix({"params": x}, letters, client.last_weights, rank)
 
         out.put((rank, _times(step, rounds, warmup)))
@@ -157,10 +162,10 @@ def measure(row: str, n: int, numel: int = NATURE_CNN_PARAMS, rounds: int = 30, 
             store = os.path.join(tmp, "store")
             return _slowest_median(ctx, _gloo_agent,
                                    lambda r: (store, n, r, numel, rounds, warmup, row == "gloo_allreduce"), n)
-        plane = row.removesuffix("_exchange")
+        plane = row.removesuffix("_axpy")
         with Broker(topologies.make("ring", n), bind=f"ipc://{tmp}/broker", data_plane=plane).start() as broker:
             return _slowest_median(ctx, _gossiprl_agent,
-                                   lambda r: (broker.address, r, numel, rounds, warmup, plane == row), n)
+                                   lambda r: (broker.address, r, numel, rounds, warmup, plane != row), n)
 
 
 def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, warmup: int = 3,
