@@ -173,7 +173,7 @@ def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, 
     """The side-by-side table; returns its rows (milliseconds) and echoes them as they come."""
     echo(f"ring round, exchange + mix, {numel:,} float32 = {numel * 4 / 1e6:.2f} MB per letter, every agent a "
          f"process, {os.cpu_count()} cores; median over {rounds} rounds of the slowest agent")
-    echo("  agents  " + "  ".join(f"{LABELS[r]:>26s}" for r in rows) + "  shm/GALA  shm/gloo-ring")
+    echo("  agents  " + "  ".join(f"{LABELS[r]:>26s}" for r in rows) + "  shm/GALA  shm/gloo-ring  shm axpy/GALA")
     table = []
     for n in agents:
         line = {"agents": n}
@@ -181,10 +181,13 @@ def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, 
             line[row] = measure(row, n, numel, rounds, warmup) * 1e3
         if "shm" in line and "gala_shm" in line:
             line["shm_over_gala"] = line["shm"] / line["gala_shm"]
+        if "shm_axpy" in line and "gala_shm" in line:
+            line["shm_axpy_over_gala"] = line["shm_axpy"] / line["gala_shm"]
         if "shm" in line and "gloo_ring" in line:
             line["shm_over_gloo_ring"] = line["shm"] / line["gloo_ring"]
         table.append(line)
         echo(f"  {n:6d}  " + "  ".join(f"{line[r]:23.2f} ms" for r in rows)
              + (f"  {line['shm_over_gala']:7.2f}x" if "shm_over_gala" in line else "")
-             + (f"  {line['shm_over_gloo_ring']:12.2f}x" if "shm_over_gloo_ring" in line else ""))
+             + (f"  {line['shm_over_gloo_ring']:12.2f}x" if "shm_over_gloo_ring" in line else "")
+             + (f"  {line['shm_axpy_over_gala']:17.2f}x" if "shm_axpy_over_gala" in line else ""))
     return table
