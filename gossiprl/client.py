@@ -216,6 +216,7 @@ class GossipClient:
     def _note_ack(self, ack: wire.Message) -> None:
         if self._plane is not None:
             self._plane.relay_to = ack.get("relay", [])
+            self._plane.acked = True
 
     @property
     def plane_counts(self) -> dict[str, int]:

@@ -495,12 +495,23 @@ class AgentPlane:
             client_keys = {zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret}
         self.fetcher = Fetcher(client_keys)
         self.relay_to: list[int] = []
+        self.acked = True
+        """Whether the last letter written into the segment was ACKed (PROTOCOL.md 10.3, Writing)."""
         self.unreachable: set[int] = set()
         self._to_report: set[int] = set()
         self._reading: list[dict] = []
-        self.counts = {k: 0 for k in ("shm", "direct", "relay", "overwritten", "unreachable", "slow", "writer-gone", "torn")}
+        self.counts = {k: 0 for k in ("shm", "direct", "relay", "overwritten", "unreachable", "slow", "writer-gone", "torn",
+                                      "sent-inline")}
 
     def publish(self, tensors: Mapping[str, Any], round: int) -> tuple[dict, list]:
+        if not self.acked:
+            # The previous letter got no ACK (a timeout, a lost broker): some reader may still hold
+            # it, or the one before, in place, so no slot is known to be free. This letter travels
+            # through the broker, bytes and all, like any relay letter.
+            schema, frames = wire.pack_tensors(tensors)
+            self.counts["sent-inline"] += 1
+            return {"round": round, "tensors": schema}, frames
+        self.acked = False
         specs, ref = self.segment.write(tensors, round)
         if self.plane == "direct":
             del ref["pid"], ref["fd"], ref["token"], ref["host"]

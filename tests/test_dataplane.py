@@ -305,3 +305,19 @@ def test_writer_that_connects_but_does_not_answer_is_slow_not_unreachable():
         finally:
             for c in clients:
                 c.close()
+
+
+def test_writer_without_an_ack_sends_its_next_letter_through_the_broker():
+    """Without the ACK of its last letter a writer cannot know a slot is free (a reader may hold
+    the last two in place): the next letter goes the broker's way, bytes and all."""
+    from gossiprl import GossipTimeout
+
+    with Broker(topologies.make("ring", 2), data_plane="shm").start() as broker:
+        with GossipClient(broker.address, 0, **FAST) as writer, GossipClient(broker.address, 1, **FAST) as reader:
+            writer.publish({"x": np.full(8, 0.0, np.float32)})
+            for value in (1.0, 2.0):  # the reader never reads: no ACK
+                with pytest.raises(GossipTimeout):
+                    writer.publish({"x": np.full(8, value, np.float32)}, timeout=0.3)
+            assert writer._plane.segment.letters == 2 and writer.plane_counts["sent-inline"] == 1
+            assert reader.collect()[0]["x"][0] == 0.0 and reader.plane_counts["shm"] == 1
+            assert reader.collect()[0]["x"][0] == 2.0 and reader.plane_counts["relay"] == 1
