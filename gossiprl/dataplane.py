@@ -226,8 +226,8 @@ class ShmReader:
             if seg[:8] != MAGIC or seg[8:24].hex() != ref["token"]:
                 seg.close()
                 raise OSError("the descriptor names a file that is not that writer's segment")
-            for old in [k for k in self._maps if k[0] == key[0]]:  # that process's previous segment
-                self._maps.pop(old).close()
+            for old in [k for k in self._maps if k[0] == key[0] or not os.path.exists(f"/proc/{k[0]}")]:
+                _unmap(self._maps.pop(old))  # that process's previous segment, or a dead writer's
             self._maps[key] = seg
         return seg
 
@@ -269,11 +269,16 @@ class ShmReader:
 
     def close(self) -> None:
         for seg in self._maps.values():
-            try:
-                seg.close()
-            except BufferError:
-                pass
+            _unmap(seg)
         self._maps.clear()
+
+
+def _unmap(seg: mmap.mmap) -> None:
+    """Unmap now, or, while letters read in place still point into it, when the last of them goes."""
+    try:
+        seg.close()
+    except BufferError:
+        pass
 
 
 # ------------------------------------------------------------------ direct: serving and fetching letters
