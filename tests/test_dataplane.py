@@ -68,8 +68,28 @@ def _curve_ring(tmp_path, agent_names):
     return broker, clients
 
 
-def _shm_files():
-    return sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else []
+def _segments_left() -> list[str]:
+    """Every gossiprl segment still alive on this machine: named in /dev/shm, held open, or mapped.
+
+    (Other programs' files in /dev/shm come and go meanwhile, so only ours are looked for.)
+    """
+    left = [f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if "gossiprl" in name] \
+        if os.path.isdir("/dev/shm") else []
+    def readlink(path):
+        try:
+            return os.readlink(path)
+        except OSError:  # closed, or its process ended, while we looked
+            return ""
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = [readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            with open(f"/proc/{pid}/maps") as maps:
+                mapped = [line.split(None, 5)[-1].strip() for line in maps if "memfd:gossiprl-" in line]
+        except OSError:
+            continue
+        left += [f"pid {pid}: {name}" for name in fds + mapped if "memfd:gossiprl-" in name]
+    return left
 
 
 @pytest.mark.parametrize("plane", PLANES[1:])
@@ -166,7 +186,7 @@ time.sleep(600)
 
 @pytest.mark.timeout(60)
 def test_writer_killed_mid_read_leaves_a_readable_letter_and_no_segment(tmp_path):
-    before = _shm_files()
+    assert _segments_left() == []
     with Broker(topologies.make("ring", 2), data_plane="shm").start() as broker:
         writer = subprocess.Popen([sys.executable, "-c", WRITER, broker.address], stdout=subprocess.PIPE, text=True)
         try:
@@ -180,10 +200,11 @@ def test_writer_killed_mid_read_leaves_a_readable_letter_and_no_segment(tmp_path
                 broker.declare_gone(0)
                 reader.publish({"x": np.zeros(1 << 18, np.float32)})
                 assert reader.collect() == {}, "a gone writer's letter was delivered twice"
+                del letters  # the last view into the dead writer's memory
         finally:
             if writer.poll() is None:
                 writer.kill()
-    assert _shm_files() == before, "a segment outlived its writer"
+    assert _segments_left() == [], "a segment outlived its writer and its reader"
 
 
 def _bogus_endpoint(rank):
@@ -213,7 +234,7 @@ def test_unreachable_writer_falls_back_to_the_relay_for_that_edge(plane, tamper)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("plane", ["shm", "direct"])
 def test_cartpole_run_over_a_data_plane(tmp_path, plane):
-    before = _shm_files()
+    assert _segments_left() == []
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(main, ["run", "--agents", "2", "--topology", "ring", "--data-plane", plane,
                                        "--total-frames", "8000", "--log-every", "20", "--run-dir", str(run_dir),
@@ -223,7 +244,7 @@ def test_cartpole_run_over_a_data_plane(tmp_path, plane):
     assert summary["frames"] >= 8000 and not summary["failed"]
     rows = list(csv.DictReader((run_dir / "agent-0" / "metrics.csv").open()))
     assert any(float(row["gossip/peers"]) == 1.0 for row in rows), "no letter was ever mixed"
-    assert _shm_files() == before
+    assert _segments_left() == []
 
 
 @pytest.mark.timeout(120)
