@@ -342,3 +342,25 @@ def test_writer_without_an_ack_sends_its_next_letter_through_the_broker():
             assert writer._plane.segment.letters == 2 and writer.plane_counts["sent-inline"] == 1
             assert reader.collect()[0]["x"][0] == 0.0 and reader.plane_counts["shm"] == 1
             assert reader.collect()[0]["x"][0] == 2.0 and reader.plane_counts["relay"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_kill_9_of_the_launcher_and_its_agents_leaves_no_segment(tmp_path):
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--data-plane", "shm",
+         "--total-frames", "100000000", "--log-every", "5", "--run-dir", str(run_dir), "--no-progress",
+         "--stop-at-return", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in range(2)):
+            assert time.monotonic() < deadline and launcher.poll() is None, "the swarm never started"
+            time.sleep(0.2)
+        assert _segments_left(), "the swarm runs without any segment: this test would prove nothing"
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
+    deadline = time.monotonic() + 10
+    while _segments_left() and time.monotonic() < deadline:  # the agents die a moment after the launcher
+        time.sleep(0.2)
+    assert _segments_left() == []
