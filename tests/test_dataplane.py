@@ -364,3 +364,10 @@ def test_kill_9_of_the_launcher_and_its_agents_leaves_no_segment(tmp_path):
     while _segments_left() and time.monotonic() < deadline:  # the agents die a moment after the launcher
         time.sleep(0.2)
     assert _segments_left() == []
+
+
+def test_unknown_data_plane_is_refused_with_the_valid_ones():
+    with pytest.raises(ValueError, match="broker, shm, direct, auto"):
+        Broker(topologies.make("ring", 2), data_plane="rdma")
+    result = CliRunner().invoke(main, ["broker", "--agents", "2", "--data-plane", "rdma"])
+    assert result.exit_code == 2 and "'broker', 'shm', 'direct', 'auto'" in result.output
