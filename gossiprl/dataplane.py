@@ -110,17 +110,18 @@ class Segment:
     """One writer's slots in anonymous shared memory. Made at the first write (the schema sets its size)."""
 
     def __init__(self):
-        self.token = uuid.uuid4().bytes
+        self.token = b""
         self.fd: int | None = None
         self.map: mmap.mmap | None = None
         self.specs: list[wire.TensorSpec] = []
         self.offsets: list[int] = []
         self.slot_bytes = 0
         self.letters = 0
-        self._versions: np.ndarray | None = None
+        self._versions: list[np.ndarray] = []
 
     def _make(self, specs: list[wire.TensorSpec]) -> None:
         self.close()
+        self.token = uuid.uuid4().bytes  # a reader that mapped the old segment must not take this one for it
         self.specs = specs
         self.offsets, self.slot_bytes = layout(specs)
         size = HEADER_BYTES + SLOTS * (SLOT_HEADER_BYTES + self.slot_bytes)
@@ -163,7 +164,7 @@ class Segment:
 
     def close(self) -> None:
         if self.map is not None:
-            self._versions = None
+            self._versions = []
             try:
                 self.map.close()
             except BufferError:  # a view handed out is still alive; the kernel frees it with us

@@ -371,3 +371,14 @@ def test_unknown_data_plane_is_refused_with_the_valid_ones():
         Broker(topologies.make("ring", 2), data_plane="rdma")
     result = CliRunner().invoke(main, ["broker", "--agents", "2", "--data-plane", "rdma"])
     assert result.exit_code == 2 and "'broker', 'shm', 'direct', 'auto'" in result.output
+
+
+def test_a_new_schema_makes_a_new_segment_that_readers_tell_apart():
+    seg, reader = Segment(), ShmReader()
+    specs, ref = seg.write({"x": np.ones(4, np.float32)}, 0)
+    assert reader.read(ref, specs, copy=False)["x"].sum() == 4.0
+    specs, ref2 = seg.write({"x": np.full(1000, 2.0, np.float32)}, 1)
+    assert ref2["token"] != ref["token"]
+    assert reader.read(ref2, specs, copy=False)["x"].sum() == 2000.0
+    reader.close()
+    seg.close()
