@@ -34,6 +34,7 @@ import math
 import mmap
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -222,8 +223,14 @@ class ShmReader:
         key = (ref["pid"], ref["token"])
         seg = self._maps.get(key)
         if seg is None:
-            with open(f"/proc/{int(ref['pid'])}/fd/{int(ref['fd'])}", "rb") as f:
-                seg = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+            # Non-blocking, and regular files only: a reference naming a pipe must not hang the reader.
+            fd = os.open(f"/proc/{int(ref['pid'])}/fd/{int(ref['fd'])}", os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_size < HEADER_BYTES:
+                    raise OSError("the descriptor does not name a shared-memory segment")
+                seg = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
             if seg[:8] != MAGIC or seg[8:24].hex() != ref["token"]:
                 seg.close()
                 raise OSError("the descriptor names a file that is not that writer's segment")
@@ -557,6 +564,7 @@ class AgentPlane:
             if rank in self.unreachable:
                 self.counts["unreachable"] += 1
                 continue
+            fetchable = isinstance(ref.get("endpoint"), str) and ref["endpoint"].startswith("tcp://")
             if self.plane != "direct" and ref.get("host") == self.host:
                 try:
                     got = self.reader.read(ref, letter["specs"], copy=self.mode != "sync")
@@ -564,8 +572,10 @@ class AgentPlane:
                     got = False
                 if got is None:
                     self.counts["overwritten"] += 1
-                elif got is False and not os.path.exists(f"/proc/{ref.get('pid')}"):
+                elif got is False and type(ref.get("pid")) is int and not os.path.exists(f"/proc/{ref['pid']}"):
                     self.counts["writer-gone"] += 1
+                elif got is False and fetchable:  # auto: not mappable after all (permissions, say)
+                    remote[rank] = (ref, letter["specs"])
                 elif got is False:
                     self._lost(rank)
                 else:
@@ -573,7 +583,7 @@ class AgentPlane:
                     out[rank] = got
                     if self.mode == "sync":
                         self._reading.append(ref)
-            elif isinstance(ref.get("endpoint"), str) and ref["endpoint"].startswith("tcp://"):
+            elif fetchable:
                 remote[rank] = (ref, letter["specs"])
             else:
                 self._lost(rank)

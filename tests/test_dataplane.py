@@ -382,3 +382,28 @@ def test_a_new_schema_makes_a_new_segment_that_readers_tell_apart():
     assert reader.read(ref2, specs, copy=False)["x"].sum() == 2000.0
     reader.close()
     seg.close()
+
+
+@pytest.mark.timeout(20)
+def test_a_reference_to_a_pipe_or_garbage_is_refused_not_followed():
+    """References come from other agents: one naming a pipe must neither hang nor crash a reader."""
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    try:
+        plane_ref = {"pid": os.getpid(), "fd": read_end, "token": "00" * 16, "slot": 0, "version": 2,
+                     "host": "here"}
+        specs = [TensorSpec("x", "float32", (4,), 16, "float32")]
+        with pytest.raises(OSError):
+            ShmReader().read(plane_ref, specs, copy=False)
+        from gossiprl.dataplane import AgentPlane
+        from gossiprl.wire import Message
+
+        plane = AgentPlane("shm", "tcp://127.0.0.1:1", "sync")
+        plane.host = "here"
+        for ref in (plane_ref, {**plane_ref, "pid": "self"}, {**plane_ref, "fd": None}):
+            msg = Message("DELIVER", {"messages": [{"rank": 1, "ref": ref, "specs": specs}]})
+            assert plane.receive(msg) == {}
+        assert plane.unreachable == {1}
+        plane.close()
+    finally:
+        os.close(read_end)
