@@ -300,9 +300,11 @@ def bench_scale(hosts, rate, params, rounds, plot_path, quick, json_path):
 @click.option("--topology", "topology_spec", default="ring", show_default=True)
 @click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
 @click.option("--codec", type=click.Choice(["raw", "bf16", "fp16"]), default="raw", show_default=True)
+@click.option("--data-plane", type=click.Choice(["broker", "shm", "direct", "auto"]), default="broker",
+              show_default=True, help="Where the swarm's parameter bytes travel (see gossiprl run).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
-def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, device, json_path):
+def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, data_plane, device, json_path):
     """Training frames/s of a swarm next to the raw vector env's rate for the same env count."""
     require_rl("bench train")
     check_device(device)
@@ -312,7 +314,8 @@ def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, d
 
     check_env(env_id)
     cfg = AgentConfig(env_id=env_id, agents=agents, device=device, a2c=A2CConfig(num_envs=num_envs))
-    result = bt.run(env_id, agents, cfg, seconds, topology=topology_spec, mode=mode, codec=codec, echo=click.echo)
+    result = bt.run(env_id, agents, cfg, seconds, topology=topology_spec, mode=mode, codec=codec,
+                    data_plane=data_plane, echo=click.echo)
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
         click.echo(f"figures written to {json_path}")
