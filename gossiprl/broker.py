@@ -24,7 +24,8 @@ from zmq.utils.monitor import recv_monitor_message
 import topologies
 
 from . import keys, wire
-from .turnlocks import Reply, TurnLocks
+from .dataplane import check_plane
+from .turnlocks import Letter, Reply, TurnLocks
 
 log = logging.getLogger("gossiprl.broker")
 
@@ -76,11 +77,13 @@ class Broker:
                  max_staleness: int | None = None, peer_timeout: float = 60.0,
                  max_payload_bytes: int = wire.DEFAULT_MAX_PAYLOAD_BYTES,
                  max_queued_replies: int = MAX_QUEUED_REPLIES, max_queued_bytes: int = MAX_QUEUED_BYTES,
-                 context: zmq.Context | None = None, curve=None, insecure: bool = False):
+                 context: zmq.Context | None = None, curve=None, insecure: bool = False,
+                 data_plane: str = "broker"):
         if isinstance(peer_timeout, bool) or not isinstance(peer_timeout, (int, float)) or not (
                 math.isfinite(peer_timeout) and peer_timeout > 0):
             raise ValueError(f"peer_timeout must be a finite number of seconds > 0, got {peer_timeout!r}")
-        self.locks = TurnLocks(topology, mode, max_staleness)
+        self.data_plane = check_plane(data_plane)
+        self.locks = TurnLocks(topology, mode, max_staleness, open_letter=self._open_letter)
         self.topology = topology
         self._digest = topology.digest()
         self._welcome_topology = _wire_topology(topology)
@@ -91,6 +94,8 @@ class Broker:
         self.max_queued_bytes = max_queued_bytes
         self.instance = uuid.uuid4().hex[:16]
         """Sent in every reply: a client that sees it change knows for certain the broker restarted."""
+        self._relay_edges: set[tuple[int, int]] = set()
+        """Edges (writer, reader) whose reader cannot reach the writer's data plane: relayed here."""
         keys.check_bind(bind, curve is not None, insecure)
         raise_fd_limit()
         self._curve = keys.CurveServer(*curve, context=context) if curve is not None else None
@@ -273,7 +278,7 @@ class Broker:
             if msg.cmd == wire.PUBLISH:
                 self._on_publish(agent, msg)
             elif msg.cmd == wire.COLLECT:
-                self._send(self.locks.collect(agent.rank, seq, msg["round"], time.monotonic()))
+                self._on_collect(agent, msg)
             elif msg.cmd == wire.PING:
                 self._reply(identity, wire.PONG, {"seq": seq})
             else:
@@ -311,6 +316,8 @@ class Broker:
             agent = self._agents[r.rank]
             if agent.identity is None:
                 continue
+            if r.cmd == wire.ACK and (relay := self._relays(r.rank)):
+                r.fields["relay"] = relay
             if not r.payload:
                 self._reply(agent.identity, r.cmd, r.fields)
                 continue
@@ -381,6 +388,7 @@ class Broker:
             "seq": msg.get("seq"), "rank": rank, "n": self.topology.n, "round": self.locks.ranks[rank].round,
             "mode": self.mode, "max_staleness": self.max_staleness, "peer_timeout": self.peer_timeout,
             "max_payload": self.max_payload_bytes, "topology": self._welcome_topology,
+            **({"data_plane": self.data_plane} if self.data_plane != "broker" else {}),
         })
         if rank in self.locks.gone_ranks:
             log.warning("broker: agent %d is back; rewiring the topology to include it", rank)
@@ -419,9 +427,36 @@ class Broker:
             raise wire.WireError(f"tensor schema {_describe(key)} differs from the swarm's {_describe(self._schema)} "
                                  "(names, dtypes and shapes must match)", "schema-mismatch")
         self._schema = key
-        nbytes = sum(spec.nbytes for spec in msg.specs)
-        self._send(self.locks.publish(agent.rank, msg["seq"], msg["round"], {"tensors": msg["tensors"]},
-                                      msg.frames, nbytes, time.monotonic()))
+        nbytes = sum(spec.nbytes for spec in msg.specs) if msg.frames else 0  # a reference alone moves no bytes here
+        header = {"tensors": msg["tensors"], **({"ref": msg["ref"]} if "ref" in msg.header else {})}
+        self._send(self.locks.publish(agent.rank, msg["seq"], msg["round"], header, msg.frames, nbytes,
+                                      time.monotonic()))
+
+    def _on_collect(self, agent: Agent, msg: wire.Message) -> None:
+        """A reader that could not open some writers' references names them: those edges are relayed
+        from now on (their writers are told in their ACKs to send the bytes along)."""
+        for j in msg.get("unreachable", ()):
+            if j < self.topology.n and j != agent.rank and (j, agent.rank) not in self._relay_edges:
+                self._relay_edges.add((j, agent.rank))
+                self._note("data-plane-fallbacks")
+        self._send(self.locks.collect(agent.rank, msg["seq"], msg["round"], time.monotonic()))
+
+    def _open_letter(self, letter: Letter, reader: int) -> tuple[dict, list, int]:
+        """What ``reader`` is handed of a letter (the TurnLocks hook): a reference-only letter, or one
+        the reader can open itself, goes without its frames; a relayed edge gets the bytes too."""
+        if "ref" not in letter.header:
+            return letter.header, letter.payload, letter.nbytes
+        relayed = bool(letter.payload) and (letter.sender, reader) in self._relay_edges
+        if relayed:
+            return {**letter.header, "relayed": True}, letter.payload, letter.nbytes
+        return {**letter.header, "relayed": False}, [], 0
+
+    def _relays(self, writer: int) -> list[int]:
+        """Readers that cannot open ``writer``'s references: its ACK tells it to send the bytes along."""
+        letter = self.locks.ranks[writer].last_letter
+        if letter is None or "ref" not in letter.header:
+            return []
+        return sorted(i for j, i in self._relay_edges if j == writer)
 
     # ------------------------------------------------------------ introspection
 

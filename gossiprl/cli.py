@@ -69,8 +69,11 @@ def main(verbose: int) -> None:
               help="Directory of the agents' public keys (*.key) the broker admits.")
 @click.option("--insecure", is_flag=True,
               help="Bind a non-loopback address without CURVE keys (only on a network you trust).")
+@click.option("--data-plane", type=click.Choice(["broker", "shm", "direct", "auto"]), default="broker",
+              show_default=True, help="Where parameter bytes travel: through the broker, shared memory, "
+              "agent to agent, or auto (shm on one host, direct across hosts). PROTOCOL.md section 10.")
 def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness, peer_timeout, stats_every,
-           curve_secret, curve_allow, insecure):
+           curve_secret, curve_allow, insecure, data_plane):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
     from .broker import Broker
 
@@ -80,7 +83,7 @@ def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness
     curve = (curve_secret, curve_allow) if curve_secret is not None else None
     try:
         b = Broker(topo, bind=bind, mode=mode, max_staleness=max_staleness, peer_timeout=peer_timeout,
-                   curve=curve, insecure=insecure)
+                   curve=curve, insecure=insecure, data_plane=data_plane)
     except (ValueError, OSError) as err:  # a non-loopback bind without keys; a missing or malformed key
         raise click.ClickException(str(err)) from None
     except Exception as err:  # zmq bind errors: address in use, bad endpoint
@@ -223,7 +226,8 @@ def bench():
 @click.option("--rounds", type=click.IntRange(min=1), default=30, show_default=True)
 @click.option("--transport", type=click.Choice(["tcp", "ipc"]), default="tcp", show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
-def bench_comms(agents, params, rounds, transport, json_path):
+@click.option("--planes-only", is_flag=True, help="Only the data planes next to GALA-style shm and gloo.")
+def bench_comms(agents, params, rounds, transport, json_path, planes_only):
     """One gossip round: memcpy floor, raw ZeroMQ relay, gossiprl, and the PALA paper's path."""
     from . import bench_comms as bc
 
@@ -233,7 +237,10 @@ def bench_comms(agents, params, rounds, transport, json_path):
         raise click.BadParameter(f"{agents!r}: give comma-separated integers like 2,4,8", param_hint="--agents")
     if any(a < 2 for a in ring):
         raise click.BadParameter("ring sizes must be >= 2", param_hint="--agents")
-    result = bc.run(ring, params, rounds, transport=transport, echo=click.echo)
+    from . import bench_planes
+
+    result = {} if planes_only else bc.run(ring, params, rounds, transport=transport, echo=click.echo)
+    result["planes"] = bench_planes.run(ring, params, rounds, echo=click.echo)
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
         click.echo(f"figures written to {json_path}")
@@ -262,6 +269,32 @@ def bench_mix(params, reps):
                    f"{r['ratio']:.2f}x (target <= 2x)")
 
 
+@bench.command("scale")
+@click.option("--hosts", default="2,4,8,16", show_default=True, help="Comma-separated numbers of hosts (ring sizes).")
+@click.option("--rate", default="1gbit", show_default=True, help="Each host link's rate each way (tc tbf syntax).")
+@click.option("--params", type=click.IntRange(min=1), default=1_687_719, show_default=True,
+              help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).")
+@click.option("--rounds", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="scale.png", show_default=True)
+@click.option("--quick", is_flag=True, help="n = 2, 4 with 100,000 values and 5 rounds: a smoke run.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
+def bench_scale(hosts, rate, params, rounds, plot_path, quick, json_path):
+    """Ring round time vs hosts (network namespaces behind shaped links): broker relay vs direct."""
+    from . import bench_scale as bs
+
+    try:
+        ns = [int(h) for h in hosts.split(",") if h.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{hosts!r}: give comma-separated integers like 2,4,8", param_hint="--hosts")
+    if not ns or any(h < 2 for h in ns):
+        raise click.BadParameter("host counts must be >= 2", param_hint="--hosts")
+    if quick:
+        ns, params, rounds = [2, 4], 100_000, 5
+    result = bs.run(ns, numel=params, rounds=rounds, rate=rate, plot=plot_path, echo=click.echo)
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2))
+
+
 @bench.command("train")
 @click.option("--env", "env_id", default="ALE/Pong-v5", show_default=True)
 @click.option("--agents", "-n", type=click.IntRange(min=1), default=2, show_default=True)
@@ -271,9 +304,11 @@ def bench_mix(params, reps):
 @click.option("--topology", "topology_spec", default="ring", show_default=True)
 @click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
 @click.option("--codec", type=click.Choice(["raw", "bf16", "fp16"]), default="raw", show_default=True)
+@click.option("--data-plane", type=click.Choice(["broker", "shm", "direct", "auto"]), default="broker",
+              show_default=True, help="Where the swarm's parameter bytes travel (see gossiprl run).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
-def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, device, json_path):
+def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, data_plane, device, json_path):
     """Training frames/s of a swarm next to the raw vector env's rate for the same env count."""
     require_rl("bench train")
     check_device(device)
@@ -283,7 +318,8 @@ def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, d
 
     check_env(env_id)
     cfg = AgentConfig(env_id=env_id, agents=agents, device=device, a2c=A2CConfig(num_envs=num_envs))
-    result = bt.run(env_id, agents, cfg, seconds, topology=topology_spec, mode=mode, codec=codec, echo=click.echo)
+    result = bt.run(env_id, agents, cfg, seconds, topology=topology_spec, mode=mode, codec=codec,
+                    data_plane=data_plane, echo=click.echo)
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
         click.echo(f"figures written to {json_path}")
@@ -404,6 +440,9 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
               help="sync: PALA turn locks; async: GALA-style non-blocking.")
 @click.option("--max-staleness", type=click.IntRange(min=1), help="async: wait after this many rounds without a letter.")
 @click.option("--transport", type=click.Choice(["ipc", "tcp"]), default="ipc", show_default=True)
+@click.option("--data-plane", type=click.Choice(["broker", "shm", "direct", "auto"]), default="broker",
+              show_default=True, help="Where parameter bytes travel: through the broker, shared memory, "
+              "agent to agent, or auto (shm on one host, direct across hosts). PROTOCOL.md section 10.")
 @click.option("--stop-at-return", default="auto", show_default=True,
               help="Stop once the last 100 episodes of all agents average this; 'auto': the env's reward threshold, 'none': never.")
 @click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True), help="Stop after this much wall-clock time.")
@@ -411,8 +450,8 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 @click.option("--fail-fast", is_flag=True,
               help="Stop every agent when one crashes (default: the others carry on, rewired around it).")
 @agent_options
-def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transport, stop_at_return, max_seconds,
-        progress, fail_fast, **kw):
+def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transport, data_plane, stop_at_return,
+        max_seconds, progress, fail_fast, **kw):
     """Train a swarm of gossiping A2C agents on this host (broker + one process per agent)."""
     require_rl("run")
     from . import launch
@@ -435,7 +474,7 @@ def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transpo
                                      param_hint="--stop-at-return") from None
     swarm = launch.SwarmConfig(agents=agents, topology=topology_spec, peers=peers, time_varying=time_varying,
                                mode=mode, max_staleness=max_staleness, codec=kw["codec"], transport=transport,
-                               stop_at_return=target, max_seconds=max_seconds, fail_fast=fail_fast)
+                               data_plane=data_plane, stop_at_return=target, max_seconds=max_seconds, fail_fast=fail_fast)
     run_dir = kw["run_dir"] or default_run_dir(kw["env_id"], topology_spec, kw["seed"])
     cfg = make_agent_config(kw, agents)
     layout = f"{topology_spec} topology, {mode} mode" if topology_spec else "plain A2C (no gossip)"

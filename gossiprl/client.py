@@ -20,7 +20,7 @@ import zmq
 
 import topologies
 
-from . import keys, wire
+from . import dataplane, keys, wire
 
 
 class GossipError(RuntimeError):
@@ -72,6 +72,9 @@ class GossipClient:
         self._expect_digest = topology.digest() if topology is not None else None
         self._ctx = context or zmq.Context.instance()
         self._curve = keys.client_options(*curve) if curve is not None else None
+        self._curve_files = curve
+        self._plane: dataplane.AgentPlane | None = None
+        """Where letters' bytes go when the broker's swarm uses a data plane (WELCOME says which)."""
         self._watch: keys.HandshakeWatch | None = None
         self._seq = itertools.count(1)
         self._stager = wire.CudaStager()
@@ -124,7 +127,7 @@ class GossipClient:
             self._connect()
         fields = {"rank": self.rank, "n": self._expect_n, "topology": self._expect_digest,
                   "takeover": self._takeover}
-        self.broker = None  # whichever broker answers is the one this registration is with
+        previous, self.broker = self.broker, None  # whichever broker answers is the one this registration is with
         (welcome,) = self._request([(wire.HELLO, fields, ())], register=False)
         # Registering again later (after a reset or a broker restart) is this same agent
         # coming back, so it may take over a registration the broker still holds for it.
@@ -135,9 +138,26 @@ class GossipClient:
         self.round = max(self.round, welcome["round"])
         self.broker = welcome.get("broker")
         self.max_payload = welcome.get("max_payload")
+        self._set_plane(welcome.get("data_plane", "broker"), restarted=previous not in (None, self.broker))
+
+    def _set_plane(self, plane: str, restarted: bool) -> None:
+        """Follow the data plane the broker's WELCOME names. The segment and letter server are this
+        agent's own, so the references they hand out outlive a broker restart; what the new broker
+        lacks is which edges need a relay, so the writers this agent cannot reach are reported again."""
+        if self._plane is not None and self._plane.plane != plane:
+            self._plane.close()
+            self._plane = None
+        if self._plane is None and plane != "broker":
+            self._plane = dataplane.AgentPlane(plane, self.address, self.mode, self._curve_files,
+                                               fetch_timeout=self.heartbeat * self.liveness)
+        elif self._plane is not None and restarted:
+            self._plane.report_again()
 
     def close(self) -> None:
         """Say BYE (so the rank is free at once) and close. Safe to call twice."""
+        if self._plane is not None:
+            self._plane.close()
+            self._plane = None
         if self._sock is not None:
             try:
                 self._sock.send_multipart(wire.encode(wire.BYE, {"seq": next(self._seq)}), flags=zmq.NOBLOCK)
@@ -181,20 +201,21 @@ class GossipClient:
         (sync: after each out-peer read the previous round's letter), so the caller may then
         modify the tensors again."""
         (ack,) = self._request([self._publish_request(tensors)], timeout)
+        self._note_ack(ack)
         return PublishResult(ack["round"], ack["written"], ack["skipped"])
 
     def collect(self, timeout: float | None = None) -> dict[int, dict]:
         """The in-peers' letters for this round as {peer rank: {name: read-only array}}, then
         advance the round. Sync: waits for every in-peer; async: whatever has arrived."""
-        (deliver,) = self._request([(wire.COLLECT, {"round": self.round}, ())], timeout)
+        (deliver,) = self._request([self._collect_request()], timeout)
         return self._finish_round(deliver)
 
     def exchange(self, tensors: Mapping[str, Any], timeout: float | None = None) -> dict[int, dict]:
         """publish() then collect() pipelined in one round trip: both requests leave together and
         the two turn locks are waited on at the same time."""
         self._topology()
-        _, deliver = self._request([self._publish_request(tensors),
-                                    (wire.COLLECT, {"round": self.round}, ())], timeout)
+        ack, deliver = self._request([self._publish_request(tensors), self._collect_request()], timeout)
+        self._note_ack(ack)
         return self._finish_round(deliver)
 
     def ping(self, timeout: float | None = None) -> float:
@@ -206,17 +227,35 @@ class GossipClient:
     def _publish_request(self, tensors):
         if self.check_finite:
             _refuse_non_finite(tensors)
+        if self._plane is not None:
+            return (wire.PUBLISH, *self._plane.publish(tensors, self.round))
         schema, buffers = wire.pack_tensors(tensors, self.codec, self._stager)
         nbytes = sum(spec["nbytes"] for spec in schema)
         if self.max_payload is not None and nbytes > self.max_payload:  # the broker would drop the connection
             raise ValueError(f"{nbytes} bytes of tensors in one letter; the broker takes at most {self.max_payload}")
         return (wire.PUBLISH, {"round": self.round, "tensors": schema}, buffers)
 
+    def _collect_request(self):
+        return (wire.COLLECT, {"round": self.round, **(self._plane.collect_fields() if self._plane else {})}, ())
+
+    def _note_ack(self, ack: wire.Message) -> None:
+        if self._plane is not None:
+            self._plane.relay_to = ack.get("relay", [])
+            self._plane.acked = True
+
+    @property
+    def plane_counts(self) -> dict[str, int]:
+        """Which path the letters took and what the data plane dropped (empty on the broker's relay)."""
+        return dict(self._plane.counts) if self._plane is not None else {}
+
     def _finish_round(self, deliver: wire.Message) -> dict[int, dict]:
         self.last_rounds = {letter["rank"]: letter.get("round") for letter in deliver["messages"]}
         self.last_weights = {int(j): float(w) for j, w in deliver["weights"]}
         self.round += 1
-        return wire.deliveries(deliver)
+        letters = wire.deliveries(deliver)
+        if self._plane is not None:
+            letters.update(self._plane.receive(deliver))
+        return letters
 
     # ------------------------------------------------------------ request / reply
 

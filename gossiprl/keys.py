@@ -230,8 +230,10 @@ class CurveServer:
         from zmq.auth.thread import ThreadAuthenticator
 
         self.public, self._secret = load_secret(secret_file)
-        self.allowed = load_allowed(allow_dir)
-        self.grants = load_grants(allow_dir)
+        if isinstance(allow_dir, frozenset):  # the keys themselves (a letter server admits its own swarm's)
+            self.allowed, self.grants = allow_dir, {}
+        else:
+            self.allowed, self.grants = load_allowed(allow_dir), load_grants(allow_dir)
         self._own_context = context is None
         self.context = zmq.Context() if context is None else context
         self._auth = ThreadAuthenticator(self.context, log=logging.getLogger("gossiprl.keys.zap"))

@@ -64,6 +64,8 @@ class SwarmConfig:
     transport: str = "ipc"
     """ipc (a unix socket in a 0700 directory, fastest on one host) or tcp (loopback, with
     throwaway CURVE keys: loopback is open to every user of the host)."""
+    data_plane: str = "broker"
+    """Where parameter bytes travel: broker (relayed), shm (shared memory), direct (agent to agent), auto."""
     gossip_timeout: float = 60.0
     """Seconds an agent waits for a turn lock before it skips the round and trains on."""
     stop_at_return: float | None = None
@@ -216,7 +218,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
         if topo is not None:
             bind, broker_curve, agent_curve = private_endpoint(Path(tmp), swarm.transport)
             broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness,
-                            curve=broker_curve).start()
+                            curve=broker_curve, data_plane=swarm.data_plane).start()
         bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
         try:
             for rank in range(swarm.agents):

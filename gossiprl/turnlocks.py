@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 MODES = ("sync", "async")
 ACK, DELIVER = "ACK", "DELIVER"
@@ -88,7 +88,8 @@ class Rank:
 class TurnLocks:
     """Mailboxes and parked requests of one swarm; every event returns the replies it releases."""
 
-    def __init__(self, topology, mode: str = "sync", max_staleness: int | None = None):
+    def __init__(self, topology, mode: str = "sync", max_staleness: int | None = None,
+                 open_letter: Callable[[Letter, int], tuple[dict, list, int]] | None = None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
         if max_staleness is not None and (type(max_staleness) is not int or max_staleness < 1):
@@ -106,6 +107,9 @@ class TurnLocks:
         self._cache_size = max(2, min(BYPASS_CACHE, BYPASS_CACHE_BYTES // (8 * topology.n ** 2 * topology.period)))
         self._rewire_pending = False
         self._out: list[Reply] = []
+        self._open = open_letter or _as_is
+        """What a reader is handed of a letter: (DELIVER entry fields, payload frames, bytes). The
+        letter as it is, unless the owner decides per edge (the broker's data planes, for one)."""
 
     # ------------------------------------------------------------ events
 
@@ -321,9 +325,10 @@ class TurnLocks:
                 continue
             me.stale[j] = 0
             me.waited_on[j] = me.waited_on.get(j, 0.0) + now - parked.since
-            entries.append({"rank": j, "round": letter.round, **letter.header})
-            payload.extend(letter.payload)
-            me.bytes_out += letter.nbytes
+            fields, frames, nbytes = self._open(letter, me.rank)
+            entries.append({"rank": j, "round": letter.round, **fields})
+            payload.extend(frames)
+            me.bytes_out += nbytes
             released.append(self.ranks[j])
             self._rewire_pending |= j in self.gone_ranks  # a gone agent's last letter read: bypass it now
         me.collect = None
@@ -332,3 +337,7 @@ class TurnLocks:
         self._out.append(Reply(me.rank, DELIVER, {"seq": parked.seq, "round": parked.round,
                                                   "messages": entries, "weights": weights}, payload))
         return released
+
+
+def _as_is(letter: Letter, reader: int) -> tuple[dict, list, int]:
+    return letter.header, letter.payload, letter.nbytes

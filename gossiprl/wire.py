@@ -331,7 +331,8 @@ def decode_payload(msg: Message, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -
         msg.specs = parse_specs(msg.header.get("tensors"), max_payload)
         if not msg.specs:
             raise WireError("PUBLISH carries no tensors")
-        _check_frames(msg.specs, msg.frames, msg.cmd)
+        if not ("ref" in msg.header and not msg.frames):  # a data-plane letter may leave its bytes at home
+            _check_frames(msg.specs, msg.frames, msg.cmd)
     except WireError as err:
         err.seq = _valid_seq(msg.header)
         raise
@@ -380,6 +381,13 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
                 _need(header, key, kind, cmd)
     if cmd in (PUBLISH, COLLECT):
         _need_int(header, "round", cmd, 0)
+    if cmd == PUBLISH and "ref" in header and not isinstance(header["ref"], dict):
+        raise WireError("PUBLISH 'ref' must be a map (PROTOCOL.md section 10)")
+    if cmd == COLLECT and "unreachable" in header:
+        ranks = header["unreachable"]
+        if not isinstance(ranks, list) or len(ranks) > MAX_TENSORS or not all(
+                type(r) is int and 0 <= r <= MAX_UINT for r in ranks):
+            raise WireError("COLLECT 'unreachable' must be a list of ranks (non-negative integers)")
     if cmd == DELIVER:
         letters = header.get("messages")
         if not isinstance(letters, list):
@@ -388,7 +396,10 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
             if not isinstance(letter, dict) or not isinstance(letter.get("rank"), int):
                 raise WireError("each DELIVER entry needs an int 'rank'")
             letter["specs"] = parse_specs(letter.get("tensors"), max_payload)
-            msg.specs.extend(letter["specs"])
+            if "ref" in letter and not isinstance(letter["ref"], dict):
+                raise WireError("a DELIVER entry's 'ref' must be a map (PROTOCOL.md section 10)")
+            if _carries_frames(letter):
+                msg.specs.extend(letter["specs"])
         weights = header.get("weights")
         if not isinstance(weights, list) or not all(
                 isinstance(p, list) and len(p) == 2 and type(p[0]) is int and type(p[1]) in (int, float)
@@ -400,6 +411,11 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
     elif msg.frames and cmd != PUBLISH:  # a PUBLISH's frames are checked by decode_payload
         raise WireError(f"{cmd} carries no payload frames, got {len(msg.frames)}")
     return msg
+
+
+def _carries_frames(letter: dict) -> bool:
+    """A DELIVER entry has payload frames unless it is a data-plane reference the broker did not relay."""
+    return "ref" not in letter or letter.get("relayed") is True
 
 
 def unpack_tensors(specs: Sequence[TensorSpec], frames: Sequence) -> dict[str, np.ndarray]:
@@ -423,9 +439,11 @@ def unpack_tensors(specs: Sequence[TensorSpec], frames: Sequence) -> dict[str, n
 
 
 def deliveries(msg: Message) -> dict[int, dict[str, np.ndarray]]:
-    """Split a DELIVER message into {peer rank: {name: array}} without copying."""
+    """Split a DELIVER message into {peer rank: {name: array}} without copying (references left out)."""
     out, start = {}, 0
     for letter in msg.header["messages"]:
+        if not _carries_frames(letter):
+            continue
         specs = letter["specs"]
         out[letter["rank"]] = unpack_tensors(specs, msg.frames[start:start + len(specs)])
         start += len(specs)

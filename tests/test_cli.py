@@ -214,3 +214,22 @@ def test_bench_mix_prints_mix_and_axpy_from_one_run():
     lines = [line for line in result.output.splitlines() if "axpy" in line]
     assert len(lines) == 4 and all(re.search(r"mix .* ms, axpy .* ms: \d+\.\d\dx", line) for line in lines)
     assert [("hot" in line, "cold" in line) for line in lines] == [(True, False)] * 2 + [(False, True)] * 2
+
+
+def test_bench_train_runs_its_swarm_over_the_data_plane_asked_for(monkeypatch):
+    from gossiprl import bench_train, launch
+
+    swarms = []
+
+    def fake_run(swarm, cfg, run_dir, **kw):  # the swarm itself is test_dataplane's business
+        swarms.append(swarm)
+        return {"per_agent": {0: {"fps": 10.0, "rollout_share": 0.5, "learn_share": 0.3, "gossip_share": 0.2}},
+                "mean_return": 0.0}
+
+    monkeypatch.setattr(launch, "run", fake_run)
+    monkeypatch.setattr(bench_train, "raw_ceiling", lambda *a, **k: 100.0)
+    result = invoke("bench", "train", "--env", "CartPole-v1", "--seconds", 1, "--data-plane", "shm", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert [s.data_plane for s in swarms] == ["shm"] and "ring, sync, shm" in result.output
+    refused = invoke("bench", "train", "--data-plane", "carrier-pigeon")
+    assert refused.exit_code == 2 and "'broker', 'shm', 'direct', 'auto'" in refused.output

@@ -17,6 +17,8 @@ import uuid
 
 import pytest
 
+from gossiprl import bench_scale
+
 PORT = 5555
 LINKS = {"a": ("10.231.1.1", "10.231.1.2"), "b": ("10.231.2.1", "10.231.2.2")}
 """Per agent host: (broker's address on the link, the agent host's address). Private addresses
@@ -27,22 +29,9 @@ def _sh(*cmd, check=True):
     return subprocess.run(cmd, capture_output=True, text=True, check=check)
 
 
-def _netns_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to make network namespaces"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "needs iproute2 (ip, tc)"
-    probe = f"gossiprl-probe-{uuid.uuid4().hex[:6]}"
-    made = _sh("ip", "netns", "add", probe, check=False)
-    if made.returncode:
-        return f"'ip netns add' is not allowed here: {made.stderr.strip()}"
-    _sh("ip", "netns", "del", probe, check=False)
-    return None
-
-
 @pytest.fixture
 def hosts():
-    reason = _netns_unavailable()
+    reason = bench_scale.unavailable("the netns test")
     if reason:
         pytest.skip(reason)
     tag = uuid.uuid4().hex[:6]

@@ -34,6 +34,26 @@ def test_reader_waits_for_every_in_peer_then_gets_their_letters_in_one_deliver()
     assert locks.ranks[0].collect_wait_s == 3.0 and locks.ranks[0].waited_on == {1: 3.0, 2: 3.0}
 
 
+def test_open_letter_decides_per_reader_what_its_deliver_entry_carries():
+    """The owner's hook (the broker's data planes) may give one reader the bytes and another only
+    the header, with bytes_out counting what was handed over."""
+    def open_letter(letter, reader):
+        if reader == 1:
+            return letter.header, letter.payload, letter.nbytes
+        return {**letter.header, "bytes": "left at home"}, [], 0
+
+    locks = TurnLocks(topologies.make("full", 3), open_letter=open_letter)
+    for rank in range(3):
+        locks.publish(rank, 1, 0, {"tag": f"from {rank}"}, [bytes([rank]) * 2], 2, now=0.0)
+    to_1 = by_cmd(locks.collect(1, seq=2, round=0, now=1.0))[(1, DELIVER)]
+    to_2 = by_cmd(locks.collect(2, seq=2, round=0, now=1.0))[(2, DELIVER)]
+    assert to_1.payload == [b"\0\0", b"\2\2"] and locks.ranks[1].bytes_out == 4
+    assert to_1.fields["messages"][0] == {"rank": 0, "round": 0, "tag": "from 0"}
+    assert to_2.fields["messages"] == [{"rank": j, "round": 0, "tag": f"from {j}", "bytes": "left at home"}
+                                       for j in (0, 1)]
+    assert to_2.payload == [] and locks.ranks[2].bytes_out == 0
+
+
 def test_writer_waits_until_its_reader_consumed_the_previous_letter():
     locks = TurnLocks(topologies.make("ring", 2))
     assert [r.cmd for r in locks.publish(0, 1, 0, {}, ["r0"], 1, now=0.0)] == [ACK]
