@@ -16,25 +16,39 @@ import topologies
 TOPOLOGY_HELP = f"{', '.join(topologies.NAMES)}, or a .npy/.csv file holding a row-stochastic matrix"
 
 
-def load_topology(spec: str, n: int | None, peers: int | None = None, time_varying: bool = False):
-    """--topology NAME|FILE -> Topology, with one-line errors that say what is valid."""
+def topology_options(fn):
+    """The flags every command that builds a topology takes, declared once."""
+    for option in reversed([
+        click.option("--peers", type=click.IntRange(min=1), help="sparse: out-peers per agent (default ceil(log2 n))."),
+        click.option("--time-varying", is_flag=True, help="sparse, hypercube: one rotating peer per round (GALA/SGP)."),
+        click.option("--peers-per-round", type=click.IntRange(min=1),
+                     help="GALA/SGP families: phone-book entries used per round (their peers_per_itr; default 1)."),
+        click.option("--option", "extra", multiple=True, metavar="KEY=VALUE",
+                     help="Any other integer option of the family, e.g. degree=4, seed=1 (random-regular), "
+                          "rows=2 (torus)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def extra_topology_options(extra) -> dict[str, int]:
+    """--option KEY=INTEGER pairs -> keyword options for topologies.make."""
+    options = {}
+    for item in extra:
+        key, sep, value = item.partition("=")
+        if not sep or not value.lstrip("-").isdigit():
+            raise click.BadParameter(f"{item!r}: give KEY=INTEGER, e.g. degree=4", param_hint="--option")
+        options[key.replace("-", "_")] = int(value)
+    return options
+
+
+def load_topology(spec: str, n: int | None, peers=None, time_varying=False, peers_per_round=None, extra=()):
+    """--topology NAME|FILE and its options -> Topology, with one-line errors that say what is valid."""
+    if spec in topologies.NAMES and n is None:
+        raise click.BadParameter(f"the {spec} topology needs the number of agents", param_hint="--agents")
     try:
-        if spec in topologies.NAMES:
-            if n is None:
-                raise click.BadParameter("needs --agents N", param_hint="--topology")
-            options = {}
-            if peers is not None:
-                options["peers"] = peers
-            if time_varying:
-                options["time_varying"] = True
-            return topologies.make(spec, n, **options)
-        if not Path(spec).is_file():
-            raise click.BadParameter(f"{spec!r} is neither a topology ({TOPOLOGY_HELP}) nor an existing file",
-                                     param_hint="--topology")
-        topo = topologies.from_matrix(spec)
-        if n is not None and topo.n != n:
-            raise click.BadParameter(f"{spec} is {topo.n}x{topo.n} but --agents is {n}", param_hint="--topology")
-        return topo
+        return topologies.from_spec(spec, n, peers=peers, time_varying=time_varying, peers_per_round=peers_per_round,
+                                    **extra_topology_options(extra))
     except topologies.TopologyError as err:
         raise click.BadParameter(str(err), param_hint="--topology") from None
 
@@ -54,8 +68,7 @@ def main(verbose: int) -> None:
               help="ZeroMQ endpoint to bind (tcp://HOST:PORT or ipc://PATH).")
 @click.option("--topology", "topology_spec", default="ring", show_default=True, help=TOPOLOGY_HELP)
 @click.option("--agents", "-n", type=click.IntRange(min=1), help="Number of agents (ranks 0..N-1).")
-@click.option("--peers", type=click.IntRange(min=1), help="Out-peers per agent for the sparse topology.")
-@click.option("--time-varying", is_flag=True, help="Sparse topology: one rotating peer per round (GALA/SGP).")
+@topology_options
 @click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True,
               help="sync: PALA turn locks; async: GALA-style, never blocks (but see --max-staleness).")
 @click.option("--max-staleness", type=click.IntRange(min=1), help="async: wait after this many empty rounds.")
@@ -72,12 +85,12 @@ def main(verbose: int) -> None:
 @click.option("--data-plane", type=click.Choice(["broker", "shm", "direct", "auto"]), default="broker",
               show_default=True, help="Where parameter bytes travel: through the broker, shared memory, "
               "agent to agent, or auto (shm on one host, direct across hosts). PROTOCOL.md section 10.")
-def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness, peer_timeout, stats_every,
-           curve_secret, curve_allow, insecure, data_plane):
+def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, extra, mode, max_staleness,
+           peer_timeout, stats_every, curve_secret, curve_allow, insecure, data_plane):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
     from .broker import Broker
 
-    topo = load_topology(topology_spec, agents, peers, time_varying)
+    topo = load_topology(topology_spec, agents, peers, time_varying, peers_per_round, extra)
     if (curve_secret is None) != (curve_allow is None):
         raise click.UsageError("--curve-secret and --curve-allow go together (the broker's key and the agents' keys)")
     curve = (curve_secret, curve_allow) if curve_secret is not None else None
@@ -139,23 +152,16 @@ def topology():
 @topology.command("show")
 @click.argument("spec")
 @click.option("-n", "--agents", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--peers", type=click.IntRange(min=1), help="Out-peers per agent (sparse).")
-@click.option("--time-varying", is_flag=True, help="sparse, hypercube: one rotating peer per round.")
-@click.option("--peers-per-round", type=click.IntRange(min=1),
-              help="GALA/SGP families: phone-book entries used per round (their peers_per_itr; default 1).")
-@click.option("--option", "extra", multiple=True, metavar="KEY=VALUE",
-              help="Any other integer option of the family, e.g. degree=4, seed=1 (random-regular), rows=2 (torus).")
+@topology_options
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw each round's edges to this PNG.")
 def topology_show(spec, agents, peers, time_varying, peers_per_round, extra, plot_path):
     """Print a topology's mixing matrix, peers, and how fast it reaches consensus."""
-    if spec not in topologies.NAMES:
-        topo = load_topology(spec, None if Path(spec).is_file() else agents, peers, time_varying)
-    else:
-        if agents > MAX_SHOWN_AGENTS:
-            raise click.BadParameter(f"{agents} agents is more than `topology show` builds ({MAX_SHOWN_AGENTS}: its "
-                                     "matrices are dense n x n); query such a swarm with topologies.make() in Python",
-                                     param_hint="-n")
-        topo = _named_topology(spec, agents, peers, time_varying, peers_per_round, extra)
+    if spec in topologies.NAMES and agents > MAX_SHOWN_AGENTS:
+        raise click.BadParameter(f"{agents} agents is more than `topology show` builds ({MAX_SHOWN_AGENTS}: its "
+                                 "matrices are dense n x n); query such a swarm with topologies.make() in Python",
+                                 param_hint="-n")
+    n = None if spec not in topologies.NAMES and Path(spec).is_file() else agents
+    topo = load_topology(spec, n, peers, time_varying, peers_per_round, extra)
     try:
         click.echo(topo.describe())
         if plot_path:
@@ -190,25 +196,6 @@ def topology_table(sizes, peers_per_round):
 
 MAX_SHOWN_AGENTS = 4096
 
-
-def _named_topology(name, n, peers, time_varying, peers_per_round, extra):
-    """`topology show`'s flags -> make(); every option it was not given is left to the family's default."""
-    options = {}
-    if peers is not None:
-        options["peers"] = peers
-    if time_varying:
-        options["time_varying"] = True
-    if peers_per_round is not None:
-        options["peers_per_round"] = peers_per_round
-    for item in extra:
-        key, sep, value = item.partition("=")
-        if not sep or not value.lstrip("-").isdigit():
-            raise click.BadParameter(f"{item!r}: give KEY=INTEGER, e.g. degree=4", param_hint="--option")
-        options[key.replace("-", "_")] = int(value)
-    try:
-        return topologies.make(name, n, **options)
-    except topologies.TopologyError as err:
-        raise click.BadParameter(str(err), param_hint="SPEC") from None
 
 
 # ------------------------------------------------------------------ bench
@@ -434,8 +421,7 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 @click.option("--topology", "topology_spec", default=None,
               help=f"{TOPOLOGY_HELP}. Default: ring with several agents, none (plain A2C) with --agents 1.")
 @click.option("--agents", "-n", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--peers", type=click.IntRange(min=1), help="Out-peers per agent for the sparse topology.")
-@click.option("--time-varying", is_flag=True, help="Sparse topology: one rotating peer per round.")
+@topology_options
 @click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True,
               help="sync: PALA turn locks; async: GALA-style non-blocking.")
 @click.option("--max-staleness", type=click.IntRange(min=1), help="async: wait after this many rounds without a letter.")
@@ -450,7 +436,7 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 @click.option("--fail-fast", is_flag=True,
               help="Stop every agent when one crashes (default: the others carry on, rewired around it).")
 @agent_options
-def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transport, data_plane, stop_at_return,
+def run(topology_spec, agents, peers, time_varying, peers_per_round, extra, mode, max_staleness, transport, data_plane, stop_at_return,
         max_seconds, progress, fail_fast, **kw):
     """Train a swarm of gossiping A2C agents on this host (broker + one process per agent)."""
     require_rl("run")
@@ -461,7 +447,7 @@ def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transpo
     if topology_spec is None and agents > 1:
         topology_spec = "ring"
     if topology_spec is not None:
-        load_topology(topology_spec, agents, peers, time_varying)
+        load_topology(topology_spec, agents, peers, time_varying, peers_per_round, extra)
     if stop_at_return == "auto":
         target = threshold
     elif stop_at_return == "none":
@@ -473,6 +459,7 @@ def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transpo
             raise click.BadParameter(f"{stop_at_return!r}: give a number, 'auto' or 'none'",
                                      param_hint="--stop-at-return") from None
     swarm = launch.SwarmConfig(agents=agents, topology=topology_spec, peers=peers, time_varying=time_varying,
+                               peers_per_round=peers_per_round, topology_options=extra_topology_options(extra),
                                mode=mode, max_staleness=max_staleness, codec=kw["codec"], transport=transport,
                                data_plane=data_plane, stop_at_return=target, max_seconds=max_seconds, fail_fast=fail_fast)
     run_dir = kw["run_dir"] or default_run_dir(kw["env_id"], topology_spec, kw["seed"])

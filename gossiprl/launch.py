@@ -55,6 +55,10 @@ class SwarmConfig:
     """Out-peers per agent for the sparse topology (default ceil(log2 n))."""
     time_varying: bool = False
     """Sparse: one rotating peer per round, as GALA/SGP."""
+    peers_per_round: int | None = None
+    """GALA/SGP families: phone-book entries used per round (their peers_per_itr; default 1)."""
+    topology_options: dict = field(default_factory=dict)
+    """Any other integer option of the family, e.g. {"degree": 4} for random-regular."""
     mode: str = "sync"
     """sync: PALA's turn locks; async: GALA-style non-blocking."""
     max_staleness: int | None = None
@@ -319,17 +323,11 @@ def _drain_until_done(reports, summaries, failures, n, progress, timeout):
 
 
 def make_topology(swarm: SwarmConfig):
-    if swarm.topology in topologies.NAMES:
-        options = {}
-        if swarm.peers is not None:
-            options["peers"] = swarm.peers
-        if swarm.time_varying:
-            options["time_varying"] = True
-        return topologies.make(swarm.topology, swarm.agents, **options)
-    topo = topologies.from_matrix(swarm.topology)
-    if topo.n != swarm.agents:
-        raise RunError(f"{swarm.topology} is a {topo.n}x{topo.n} matrix but --agents is {swarm.agents}")
-    return topo
+    try:
+        return topologies.from_spec(swarm.topology, swarm.agents, peers=swarm.peers, time_varying=swarm.time_varying,
+                                    peers_per_round=swarm.peers_per_round, **swarm.topology_options)
+    except topologies.TopologyError as err:
+        raise RunError(str(err)) from None
 
 
 def _progress_bar(total_frames: int, enabled: bool):

@@ -37,11 +37,32 @@ def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
     (["run", "--aggregate", "mode"], "trimmed-mean"),
     (["run", "--deviation-bound", "0.5"], "factor > 1, or 0"),
     (["broker", "--agents", "4", "--topology", "sparse", "--peers", "9"], "peers"),
+    (["broker", "--topology", "ring"], "the ring topology needs the number of agents"),
+    (["run", "--topology", "ring", "--peers-per-round", "2"], "unknown option 'peers_per_round' for 'ring'"),
+    (["run", "--topology", "random-regular", "--option", "degree"], "give KEY=INTEGER"),
 ])
 def test_bad_input_gets_one_clear_error(args, words):
     result = invoke(*args)
     assert result.exit_code == 2
     assert words in result.output
+
+
+def test_run_builds_the_family_with_the_options_topology_show_takes(monkeypatch, tmp_path):
+    from gossiprl import launch
+
+    built = []
+
+    def record(swarm, *args, **kw):
+        built.append(launch.make_topology(swarm))
+        raise launch.RunError("recorded")
+
+    monkeypatch.setattr(launch, "run", record)
+    result = invoke("run", "--agents", 8, "--topology", "gala-exponential", "--peers-per-round", 2,
+                    "--run-dir", tmp_path / "r", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output
+    shown = invoke("topology", "show", "gala-exponential", "-n", 8, "--peers-per-round", 2)
+    assert shown.exit_code == 0 and built[0].describe().strip() in shown.output
+    assert built[0].out_peers(0, 0) == (1, 7) and built[0].out_peers(0, 1) == (2, 6)
 
 
 def test_matrix_file_that_is_not_row_stochastic_is_refused(tmp_path):

@@ -776,3 +776,19 @@ def test_draw_rounds_draws_one_panel_per_round(tmp_path):
     assert (tmp_path / "b.png").read_bytes().startswith(b"\x89PNG")
     with pytest.raises(TopologyError, match="at most 64"):
         draw_rounds(make("ring", 65), tmp_path / "r.png")
+
+
+def test_from_spec_reads_names_with_options_and_matrix_files(tmp_path):
+    assert topologies.from_spec("sparse", 8, peers=None, time_varying=False).digest() == topologies.make("sparse", 8).digest()
+    assert topologies.from_spec("sparse", 8, time_varying=True).period == 3
+    path = tmp_path / "m.npy"
+    np.save(path, topologies.make("ring", 3).matrix)
+    assert topologies.from_spec(str(path)).n == 3
+    with pytest.raises(TopologyError, match="3x3 matrix but the swarm has 4 agents"):
+        topologies.from_spec(str(path), 4)
+    with pytest.raises(TopologyError, match="options peers are for named topologies"):
+        topologies.from_spec(str(path), peers=2)
+    with pytest.raises(TopologyError, match="needs the number of agents"):
+        topologies.from_spec("ring")
+    with pytest.raises(TopologyError, match="neither a topology"):
+        topologies.from_spec("mesh", 4)

@@ -26,7 +26,7 @@ from .errors import TopologyError, _integer
 from .diagnostics import MAX_DENSE_N, Diagnostics, check_size, diagnose, summary_lines
 from .families import FAMILIES, metropolis_hastings, phone_book
 
-__all__ = ["MAX_DENSE_N", "NAMES", "Diagnostics", "Topology", "TopologyError", "from_dict", "from_matrix", "make",
+__all__ = ["MAX_DENSE_N", "NAMES", "Diagnostics", "Topology", "TopologyError", "from_dict", "from_matrix", "from_spec", "make",
            "metropolis", "options", "phone_book"]
 
 NAMES = ("ring", "sparse", "full", *FAMILIES)
@@ -357,6 +357,28 @@ def metropolis(source: Any) -> Topology:
     p = _checked_matrix(metropolis_hastings(adjacency))
     _check_strongly_connected([p])
     return Topology._build("metropolis", (p,), {})
+
+
+def from_spec(spec: str, n: int | None = None, **options: Any) -> Topology:
+    """The topology a command line or a config names: a family with its options, or a matrix file.
+
+    Options given as None or False are the family's defaults, so a caller can pass every flag it
+    has without knowing which family uses which; an option the family lacks is refused by make().
+    """
+    given = {key: value for key, value in options.items() if value is not None and value is not False}
+    if spec in NAMES:
+        if n is None:
+            raise TopologyError(f"{spec!r} needs the number of agents")
+        return make(spec, n, **given)
+    if not Path(spec).is_file():
+        raise TopologyError(f"{spec!r} is neither a topology ({', '.join(NAMES)}) nor an existing .npy/.csv file "
+                            "holding a row-stochastic matrix")
+    if given:
+        raise TopologyError(f"options {', '.join(sorted(given))} are for named topologies, not for the matrix in {spec}")
+    topo = from_matrix(spec)
+    if n is not None and topo.n != n:
+        raise TopologyError(f"{spec} is a {topo.n}x{topo.n} matrix but the swarm has {n} agents")
+    return topo
 
 
 def from_matrix(source: Any) -> Topology:
