@@ -1,7 +1,7 @@
 """Real launchers starting real agents: the README's Slurm script under a real Slurm, and torchrun.
 
-The Slurm test starts a one-node cluster of its own (Debian's ``slurm-wlm``: slurmctld and
-slurmd, with ``auth/none`` so no munge, a config and spool in a temp directory, on free ports),
+The Slurm test starts a one-node cluster of its own (Debian's ``slurm-wlm``: munged with its own
+key and socket, slurmctld and slurmd, config and spool in a temp directory, on free ports),
 takes the Slurm script out of README.md and submits it with ``sbatch --wait``. What a laptop-sized
 node cannot give (4 nodes, GPUs, Pong, 2.5M frames) is overridden on sbatch's command line, which
 wins over ``#SBATCH``, or replaced in the text; each replacement must match, so the test breaks
@@ -27,7 +27,7 @@ from gossiprl import launch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 FRAMES = 4000
-SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "sinfo", "squeue", "scancel", "scontrol")
+SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "squeue", "scancel", "scontrol")
 
 
 def _free_port() -> int:
@@ -64,8 +64,9 @@ SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 SlurmUser=root
 SlurmdUser=root
-AuthType=auth/none
-CredType=cred/none
+AuthType=auth/munge
+AuthInfo=socket={root}/munge.sock
+CredType=cred/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -110,37 +111,53 @@ def slurm(tmp_path):
     root = tmp_path / "slurm"
     for sub in ("state", "spool"):
         (root / sub).mkdir(parents=True)
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
     conf = root / "slurm.conf"
     conf.write_text(SLURM_CONF.format(root=root, ctld_port=_free_port(), d_port=_free_port()))
     marker = f"SLURM_CONF={conf}"
     env = _env(SLURM_CONF=str(conf))
-    daemons = [subprocess.Popen([daemon, "-D", *flags], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-               for daemon, flags in (("slurmctld", ["-i"]), ("slurmd", ["-N", "localhost"]))]
+    # --force: munged refuses root and a socket under world-writable /tmp without it.
+    munged = [f"--socket={root}/munge.sock", f"--key-file={key}", f"--pid-file={root}/munged.pid",
+              f"--log-file={root}/munged.log", f"--seed-file={root}/munge.seed", "--force", "--foreground"]
+    daemons = []
+
+    def start(*command):
+        daemons.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
 
     def logs():
         return "\n".join(f"--- {p.name}:\n{p.read_text()[-2000:]}" for p in root.glob("*.log"))
 
+    def wait_for(ready, what, timeout):
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert all(p.poll() is None for p in daemons), f"a daemon exited while waiting for {what}\n{logs()}"
+            assert time.monotonic() < deadline, f"no {what} after {timeout}s\n{logs()}"
+            time.sleep(0.1)
+
+    def squeue():
+        return subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True).stdout
-            if state.strip() == "idle":
-                break
-            assert all(p.poll() is None for p in daemons), f"a Slurm daemon exited\n{logs()}"
-            assert time.monotonic() < deadline, f"the node never came up idle (sinfo: {state!r})\n{logs()}"
-            time.sleep(0.3)
+        start("munged", *munged)
+        wait_for((root / "munge.sock").exists, "munge socket", 10)
+        start("slurmctld", "-D", "-i")
+        start("slurmd", "-D", "-N", "localhost")
+        wait_for(lambda: subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True,
+                                        text=True).stdout.strip() == "idle", "idle node", 30)
         yield env, logs
     finally:
         # Jobs first: `scontrol shutdown` stops the daemons but leaves running steps behind.
-        jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
-        if jobs:
+        if jobs := squeue():
             subprocess.run(["scancel", *jobs], env=env, capture_output=True)
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and subprocess.run(
-                    ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.strip():
+            while squeue() and time.monotonic() < deadline:
                 time.sleep(0.3)
         subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True)
-        for p in daemons:
+        for p in daemons[::-1]:  # munged last: the Slurm daemons talk to it until they stop
+            if p.args[0] == "munged":
+                p.terminate()
             try:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -189,19 +206,27 @@ def test_readme_slurm_script_runs_on_a_real_slurm(slurm, tmp_path):
     port = str(_free_port())
     script = readme_slurm_script()
     script = _replace(script, "--env ALE/Pong-v5", "--env CartPole-v1")
-    script = _replace(script, "--total-frames 2500000", f"--total-frames {FRAMES} --log-every 5")
+    script = _replace(script, "--total-frames 2500000", f"--total-frames {FRAMES}")
     script = _replace(script, "--device cuda", "--device cpu")
     script = _replace(script, ":5555", f":{port}", count=2)
     (tmp_path / "job.sh").write_text(script)
     output = tmp_path / "job.out"
     started = time.monotonic()
-    job = subprocess.run(["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gres=none",
-                          f"--chdir={tmp_path}", f"--output={output}", "--export=ALL", "job.sh"],
-                         cwd=tmp_path, env={**env, "HOME": str(home)}, capture_output=True, text=True, timeout=150)
+    # Submitted and polled rather than `sbatch --wait`, which looks at 2, 10 and 42 s.
+    submitted = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+                                "--gres=none", f"--chdir={tmp_path}", f"--output={output}", "--export=ALL", "job.sh"],
+                               cwd=tmp_path, env={**env, "HOME": str(home)}, capture_output=True, text=True)
+    assert submitted.returncode == 0, f"sbatch: {submitted.stdout}{submitted.stderr}\n{logs()}"
+    job_id = submitted.stdout.strip().split(";")[0]
+    while subprocess.run(["squeue", "-h", "-j", job_id], env=env, capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() - started < 150, f"job {job_id} still running after 150 s"
+        time.sleep(0.3)
     took = time.monotonic() - started
+    job = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True).stdout
     out = output.read_text() if output.exists() else ""
-    assert job.returncode == 0, f"sbatch: {job.stdout}{job.stderr}\njob output:\n{out[-4000:]}\n{logs()}"
+    assert "JobState=COMPLETED" in job and "ExitCode=0:0" in job, f"{job}\njob output:\n{out[-4000:]}\n{logs()}"
     assert "-> broker tcp://localhost:" in out, out[-3000:]
+    assert "Traceback" not in out, out[-4000:]  # the broker's step, stopped by Slurm, exits cleanly too
     _check_finished(tmp_path / "runs" / "pong-pala", 2, 2, out)
     print(f"slurm job: {took:.1f}s")
 
@@ -219,7 +244,7 @@ def test_torchrun_starts_the_agents(tmp_path):
         # SLURM_PROCID as an outer `srun torchrun` leaves it: one value for all the node's processes.
         agents = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "gossiprl.cli", "agent",
                                  "--connect", f"tcp://127.0.0.1:{port}", "--env", "CartPole-v1",
-                                 "--total-frames", str(FRAMES), "--log-every", "5", "--run-dir", str(tmp_path / "run")],
+                                 "--total-frames", str(FRAMES), "--run-dir", str(tmp_path / "run")],
                                 env=_env(SLURM_PROCID="0"), capture_output=True, text=True, timeout=100)
         took = time.monotonic() - started
     finally:
@@ -250,3 +275,23 @@ def test_rank_and_agents_per_host_from_the_launcher(monkeypatch, variables, rank
     assert launch.rank_from_environment(3) == 3
     assert launch.agents_per_host_from_environment(None) == per_host
     assert launch.agents_per_host_from_environment(7) == 7
+
+
+def test_broker_stops_cleanly_on_sigterm(tmp_path):
+    """Slurm ends the broker's step with SIGTERM once the agents' step is done. On Python 3.11 a
+    join() cut short by a signal leaves is_alive() False while the thread still runs, and the
+    broker closed its sockets under its own serving thread ("the serving thread died")."""
+    keys = tmp_path / "keys"
+    subprocess.run([sys.executable, "-m", "gossiprl.cli", "keys", "generate", str(keys), "--name", "broker",
+                    "--name", "agents"], check=True, capture_output=True)
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    shutil.copy(keys / "agents.key", allowed)
+    broker = _cli("broker", "--bind", "tcp://0.0.0.0:0", "--agents", "2",
+                  "--curve-secret", str(keys / "broker.key_secret"), "--curve-allow", str(allowed))
+    assert broker.stdout.readline().startswith("gossiprl broker on")
+    time.sleep(1)
+    broker.send_signal(signal.SIGTERM)
+    out = broker.communicate(timeout=30)[0]
+    assert broker.returncode == 0, out
+    assert "Traceback" not in out and "died" not in out, out
