@@ -125,6 +125,10 @@ class Broker:
         self._control = self._ctx.socket(zmq.PULL)
         self._control.bind(self._control_addr)
         self._thread: threading.Thread | None = None
+        self._served = threading.Event()
+        """Set when serve_forever has closed the sockets. Trusted over Thread.is_alive(), which on
+        Python 3.11 reads False while the thread still runs once a join() was cut short by a
+        signal (the CLI's SIGTERM, as Slurm sends it), and close() then shut the sockets under it."""
         self._closed = False
         self._agents = {r: Agent(r) for r in range(topology.n)}
         self._by_identity: dict[bytes, Agent] = {}
@@ -150,9 +154,9 @@ class Broker:
         if self._closed:
             return
         self._closed = True
-        if self._thread is not None and self._thread.is_alive():
+        if self._thread is not None and not self._served.is_set():
             self._tell(b"stop")
-            self._thread.join()
+            self._served.wait()
         else:
             self._close_sockets()
         if self._curve is not None:
@@ -175,8 +179,7 @@ class Broker:
         """Wait up to ``timeout`` seconds for the serving thread to end; True while it still serves."""
         if self._thread is None:
             return False
-        self._thread.join(timeout)
-        return self._thread.is_alive()
+        return not self._served.wait(timeout)
 
     def serve_forever(self) -> None:
         poller = zmq.Poller()
@@ -207,6 +210,7 @@ class Broker:
             raise
         finally:
             self._close_sockets()
+            self._served.set()
 
     def _guarded(self, fn, *args) -> None:
         """Run one step of housekeeping: a bug in it is logged and counted, and serving goes on."""

@@ -493,9 +493,10 @@ def _interrupt(signum, frame):
 @main.command()
 @click.option("--connect", required=True, help="The broker's endpoint, e.g. tcp://HOST:5555.")
 @click.option("--rank", type=click.IntRange(min=0),
-              help="This agent's rank; default from SLURM_PROCID, RANK, OMPI_COMM_WORLD_RANK or PMI_RANK.")
-@click.option("--agents-per-host", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Agents sharing this host's cores (sizes the default torch threads).")
+              help="This agent's rank; default from RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK.")
+@click.option("--agents-per-host", type=click.IntRange(min=1),
+              help="Agents sharing this host's cores (sizes the default torch threads); default from "
+                   "LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS, else 1.")
 @click.option("--curve-secret", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="This agent's CURVE secret key (NAME.key_secret), for a broker that requires keys.")
 @click.option("--curve-broker", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -525,7 +526,7 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
     except launch.RunError as err:
         raise click.UsageError(str(err)) from None
     cfg = make_agent_config(kw, 1)
-    cfg.agents = agents_per_host
+    cfg.agents = launch.agents_per_host_from_environment(agents_per_host)
     run_dir = kw["run_dir"] or Path("runs") / "agents"
     click.echo(f"agent-{rank} -> broker {connect}; run dir {run_dir}")
     stop = threading.Event()  # SIGTERM (scancel) or Ctrl-C: finish the update, checkpoint, leave

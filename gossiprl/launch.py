@@ -33,7 +33,13 @@ from .gossip import Gossip
 
 log = logging.getLogger("gossiprl.launch")
 
-RANK_VARIABLES = ("SLURM_PROCID", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+"""torchrun's RANK comes before Slurm's: under `srun torchrun` every process torchrun starts on a
+node inherits that node's one SLURM_PROCID, while RANK is each process's own."""
+
+LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+"""How many processes the launcher starts per host (torchrun, Slurm, Open MPI, MPICH), in the same
+precedence as RANK_VARIABLES."""
 
 LOCAL_HEARTBEAT_S = 0.25
 """Heartbeat of agents that share a host with their broker. At the end of a run the launcher
@@ -120,6 +126,19 @@ def rank_from_environment(explicit: int | None) -> int:
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     raise RunError(f"no --rank given and none of {', '.join(RANK_VARIABLES)} is set")
+
+
+def agents_per_host_from_environment(explicit: int | None) -> int:
+    """--agents-per-host, else the launcher's processes per host, else 1.
+
+    Each agent takes cores / agents-per-host torch threads, so a launcher that starts several
+    agents on a host must be counted, or they all take every core and slow each other down."""
+    if explicit is not None:
+        return explicit
+    for name in LOCAL_SIZE_VARIABLES:
+        if os.environ.get(name, "").isdigit() and int(os.environ[name]) > 0:
+            return int(os.environ[name])
+    return 1
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
