@@ -59,6 +59,10 @@ def run(env_id: str, agents: int, agent_cfg, seconds: float, topology: str = "ri
     cfg = replace(agent_cfg, env_id=env_id, total_frames=10 ** 12, log_every=10 ** 9, checkpoint_every=10 ** 9)
     with tempfile.TemporaryDirectory(prefix="gossiprl-bench-") as tmp:
         summary = launch.run(swarm, cfg, Path(tmp) / "run", echo=echo, show_progress=False)
+    idle = sorted(set(range(agents)) - {rank for rank, s in summary["per_agent"].items() if s["fps"]})
+    if idle:
+        raise launch.RunError(f"agents {idle} trained no frame within {seconds:g}s (starting up took it all, e.g. on "
+                              "a loaded machine, or they failed): give --seconds more time")
     agent_fps = sum(s["fps"] for s in summary["per_agent"].values())
     shares = {k: float(np.mean([s[f"{k}_share"] for s in summary["per_agent"].values()]))
               for k in ("rollout", "learn", "gossip")}

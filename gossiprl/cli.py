@@ -305,8 +305,13 @@ def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, d
 
     check_env(env_id)
     cfg = AgentConfig(env_id=env_id, agents=agents, device=device, a2c=A2CConfig(num_envs=num_envs))
-    result = bt.run(env_id, agents, cfg, seconds, topology=topology_spec, mode=mode, codec=codec,
-                    data_plane=data_plane, echo=click.echo)
+    from .launch import RunError
+
+    try:
+        result = bt.run(env_id, agents, cfg, seconds, topology=topology_spec, mode=mode, codec=codec,
+                        data_plane=data_plane, echo=click.echo)
+    except RunError as err:
+        raise click.ClickException(str(err)) from None
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
         click.echo(f"figures written to {json_path}")

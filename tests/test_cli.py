@@ -244,13 +244,16 @@ def test_bench_train_runs_its_swarm_over_the_data_plane_asked_for(monkeypatch):
 
     def fake_run(swarm, cfg, run_dir, **kw):  # the swarm itself is test_dataplane's business
         swarms.append(swarm)
-        return {"per_agent": {0: {"fps": 10.0, "rollout_share": 0.5, "learn_share": 0.3, "gossip_share": 0.2}},
-                "mean_return": 0.0}
+        shares = {"fps": 10.0, "rollout_share": 0.5, "learn_share": 0.3, "gossip_share": 0.2}
+        return {"per_agent": {rank: shares for rank in range(swarm.agents)}, "mean_return": 0.0}
 
     monkeypatch.setattr(launch, "run", fake_run)
     monkeypatch.setattr(bench_train, "raw_ceiling", lambda *a, **k: 100.0)
     result = invoke("bench", "train", "--env", "CartPole-v1", "--seconds", 1, "--data-plane", "shm", "--device", "cpu")
     assert result.exit_code == 0, result.output
     assert [s.data_plane for s in swarms] == ["shm"] and "ring, sync, shm" in result.output
+    monkeypatch.setattr(launch, "run", lambda *a, **k: {"per_agent": {0: {"fps": 0.0}}, "mean_return": 0.0})
+    idle = invoke("bench", "train", "--env", "CartPole-v1", "--seconds", 1, "--device", "cpu")
+    assert idle.exit_code == 1 and "trained no frame within 1s" in idle.output and "gossiprl training" not in idle.output
     refused = invoke("bench", "train", "--data-plane", "carrier-pigeon")
     assert refused.exit_code == 2 and "'broker', 'shm', 'direct', 'auto'" in refused.output
