@@ -519,7 +519,11 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
 @click.option("--greedy", is_flag=True, help="argmax actions instead of sampling from the policy.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def eval_cmd(run_dir, episodes, greedy, device, as_json):
+@click.option("--video", "video_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Also record MP4s here: DIR/consensus/ and DIR/agent-<rank>/.")
+@click.option("--video-episodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Episodes recorded per policy with --video.")
+def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episodes):
     """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
     require_rl("eval")
     check_device(device)
@@ -530,6 +534,14 @@ def eval_cmd(run_dir, episodes, greedy, device, as_json):
         result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device)
     except (FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
+    if video_dir is not None:
+        from .policy import load_policy, record_videos
+
+        for agent in ["consensus", *sorted(result["agents"])]:
+            files = record_videos(load_policy(run_dir, agent, device), video_dir, video_episodes,
+                                  deterministic=greedy)
+            click.echo(f"video: {len(files)} episode(s) in {files[0].parent}" if files else
+                       f"video: none written for {agent}", err=as_json)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
