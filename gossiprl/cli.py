@@ -69,8 +69,12 @@ def main(verbose: int) -> None:
               help="Directory of the agents' public keys (*.key) the broker admits.")
 @click.option("--insecure", is_flag=True,
               help="Bind a non-loopback address without CURVE keys (only on a network you trust).")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
+              help="Serve the stats over HTTP on this port: /metrics (Prometheus) and /stats (for `gossiprl top`).")
+@click.option("--metrics-bind", default="127.0.0.1", show_default=True,
+              help="Address the stats server binds (anything wider lets others on that network read the stats).")
 def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness, peer_timeout, stats_every,
-           curve_secret, curve_allow, insecure):
+           curve_secret, curve_allow, insecure, metrics_port, metrics_bind):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
     from .broker import Broker
 
@@ -89,6 +93,22 @@ def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness
                + (", CURVE keys required" if curve else ""))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     b.start()
+    stats_server = None
+    if metrics_port is not None:
+        from .monitor import StatsServer
+
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            b.close()
+            raise click.ClickException("--metrics-port needs prometheus-client: pip install 'gossiprl[monitor]'") from None
+        try:
+            stats_server = StatsServer(b.stats, metrics_port, metrics_bind)
+        except OSError as err:
+            b.close()
+            raise click.ClickException(f"cannot serve stats on {metrics_bind}:{metrics_port}: {err.strerror}") from None
+        click.echo(f"stats on {stats_server.address}/metrics (Prometheus) and /stats; "
+                   f"watch with `gossiprl top {stats_server.address}`")
     try:
         while b.wait(stats_every or 3600):
             if stats_every:
@@ -97,8 +117,34 @@ def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:
+        if stats_server is not None:
+            stats_server.close()
         b.close()
         click.echo("broker stopped")
+
+
+@main.command()
+@click.argument("address")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds between views; rates are measured over it.")
+@click.option("--once", is_flag=True, help="Print one view and exit.")
+def top(address, interval, once):
+    """Live view of a broker started with --metrics-port: ADDRESS is its stats server, e.g. 127.0.0.1:9100."""
+    from .monitor import fetch_stats, top as show
+
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        raise click.ClickException("`gossiprl top` needs rich: pip install 'gossiprl[monitor]'") from None
+    try:
+        fetch_stats(address)
+    except (OSError, ValueError) as err:
+        raise click.ClickException(f"no broker stats at {address} ({err}): start the broker with "
+                                   f"--metrics-port and give its HOST:PORT") from None
+    try:
+        show(address, interval, once)
+    except KeyboardInterrupt:
+        pass
 
 
 # ------------------------------------------------------------------ keys

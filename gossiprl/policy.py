@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from gossiprl.agent import load_checkpoint
-from gossiprl.evaluate import _find_checkpoints
 from gossiprl.envs import ATARI_FRAMESKIP, atari_game, env_spec, is_atari, make_env
+from gossiprl.evaluate import _find_checkpoints
 from gossiprl.models import make_model
 
 class Policy:
