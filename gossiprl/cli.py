@@ -456,9 +456,13 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show the progress line.")
 @click.option("--fail-fast", is_flag=True,
               help="Stop every agent when one crashes (default: the others carry on, rewired around it).")
+@click.option("--track", is_flag=True,
+              help="Mirror the swarm's TensorBoard run (RUN_DIR/swarm) to Weights & Biases (pip install 'gossiprl[track]').")
+@click.option("--wandb-project", default="gossiprl", show_default=True, help="W&B project, with --track.")
+@click.option("--wandb-entity", help="W&B entity (user or team), with --track; default: your W&B default.")
 @agent_options
 def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transport, stop_at_return, max_seconds,
-        progress, fail_fast, **kw):
+        progress, fail_fast, track, wandb_project, wandb_entity, **kw):
     """Train a swarm of gossiping A2C agents on this host (broker + one process per agent)."""
     require_rl("run")
     from . import launch
@@ -487,9 +491,15 @@ def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transpo
     layout = f"{topology_spec} topology, {mode} mode" if topology_spec else "plain A2C (no gossip)"
     click.echo(f"{agents} agent(s) on {kw['env_id']}, {layout}; run dir {run_dir}"
                + (f"; stops at mean return {target}" if target is not None else ""))
+    if track:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise click.ClickException("--track needs wandb: pip install 'gossiprl[track]'") from None
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill gets the same clean stop as Ctrl-C
     try:
-        summary = launch.run(swarm, cfg, run_dir, resume=kw["resume"], echo=click.echo, show_progress=progress)
+        summary = launch.run(swarm, cfg, run_dir, resume=kw["resume"], echo=click.echo, show_progress=progress,
+                             track={"project": wandb_project, "entity": wandb_entity} if track else None)
     except (launch.RunError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     if summary["solved_at"]:

@@ -187,9 +187,13 @@ def _stop_when_orphaned(stop) -> None:
 
 
 def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo=print,
-        show_progress: bool = True) -> dict:
-    """Train a swarm on this host; returns (and writes) summary.json's contents."""
+        show_progress: bool = True, track: dict | None = None) -> dict:
+    """Train a swarm on this host; returns (and writes) summary.json's contents.
+
+    ``track`` ({"project", "entity"}) mirrors the swarm's TensorBoard run to Weights & Biases."""
     from dataclasses import replace
+
+    from .swarmlog import SwarmLog
 
     topo = None
     if swarm.agents > 1 or swarm.topology is not None:
@@ -200,6 +204,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     run_dir = Path(run_dir)
     prepare_run_dir(run_dir, resume, {"swarm": asdict(swarm), "agent": asdict(agent_cfg),
                                       "topology": topo.to_dict() if topo else None})
+    swarm_log = SwarmLog(run_dir, {"swarm": asdict(swarm), "agent": asdict(agent_cfg)}, track)
     ctx = mp.get_context("spawn")
     stop, reports = ctx.Event(), ctx.Queue()
     progress = Progress(swarm.agents)
@@ -236,6 +241,8 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                     kind = None
                 if kind == "progress":
                     progress.add(rank, payload)
+                    swarm_log.add(rank, payload)
+                    swarm_log.write(broker.stats() if broker else None)
                     bar(progress)
                     if (swarm.stop_at_return is not None and len(progress.returns) == 100
                             and progress.mean_return >= swarm.stop_at_return and not stop.is_set()):
@@ -273,6 +280,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                 if p.is_alive():
                     p.terminate()
                     p.join(5)
+            swarm_log.write(broker.stats() if broker else None, force=True)
             if broker is not None:
                 broker.close()
             bar(None)
@@ -294,6 +302,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     tmp_path = run_dir / "summary.json.tmp"
     tmp_path.write_text(json.dumps(summary, indent=2, default=_json_default))
     os.replace(tmp_path, run_dir / "summary.json")
+    swarm_log.close(summary)
     return summary
 
 
