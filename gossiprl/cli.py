@@ -530,8 +530,10 @@ def _interrupt(signum, frame):
               help="This agent's CURVE secret key (NAME.key_secret), for a broker that requires keys.")
 @click.option("--curve-broker", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The broker's public key (broker.key).")
+@click.option("--progress-every", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds between progress lines (frames, frames/s, return, gossip share); 0: none.")
 @agent_options
-def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
+def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_every, **kw):
     """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
 
     --total-frames is this agent's own budget here."""
@@ -563,7 +565,7 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
         signal.signal(sig, lambda *_: stop.set())
     try:
         summary = launch.run_agent(connect, rank, cfg, run_dir, resume=kw["resume"], codec=kw["codec"],
-                                   stop=stop, echo=click.echo, curve=curve)
+                                   stop=stop, echo=click.echo, curve=curve, progress_every=progress_every)
     except (launch.RunError, FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
     click.echo(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))

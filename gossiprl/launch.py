@@ -360,7 +360,7 @@ def _progress_bar(total_frames: int, enabled: bool):
 
 def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = False,
               gossip_timeout: float = 60.0, codec: str = "raw", stop=None, connect_timeout: float = 120.0,
-              echo=print, **client_options) -> dict:
+              echo=print, progress_every: float = 10.0, **client_options) -> dict:
     """One agent of a multi-host swarm (the PALA layout): the broker runs elsewhere.
 
     Agents of a batch job may start before their broker, so registration is retried for
@@ -369,7 +369,8 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
     have, a CURVE key the broker does not admit) ends it at once with the broker's reason.
     ``resume`` continues from this rank's checkpoint, or from the neighbours' parameters when
     there is none, and takes the rank over from a registration the broker may still hold for
-    this agent's previous, dead process.
+    this agent's previous, dead process. Every ``progress_every`` seconds (0: never) it prints a
+    progress line, as ``run``'s bar does for a swarm on one host.
     """
     from .agent import train
 
@@ -391,6 +392,30 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
             echo(f"agent-{rank}: waiting for the broker ({err})")
     gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
     try:
-        return train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop)
+        return train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
+                     progress=_progress_line(rank, echo, progress_every) if progress_every else None)
     finally:
         gossip.close()
+
+
+def _progress_line(rank: int, echo, every_s: float):
+    """A report callback printing frames, frames/s since the last line, the mean of the last 100
+    returns and the share of time in gossip. Frames count over a resume, so the rate is taken
+    between two reports rather than from the session's start."""
+    returns: deque = deque(maxlen=100)
+    last: dict = {}
+
+    def report(r: dict) -> None:
+        returns.extend(r["returns"])
+        if not last:
+            last.update(r)
+            return
+        if r["wall_s"] - last["wall_s"] < every_s:
+            return
+        fps = (r["frames"] - last["frames"]) / (r["wall_s"] - last["wall_s"])
+        last.update(r)
+        mean = f"{sum(returns) / len(returns):.1f}" if returns else "n/a (no episode finished yet)"
+        echo(f"agent-{rank}: {r['frames']:,} frames, {fps:,.0f} frames/s, return {mean}, "
+             f"gossip {100 * r['gossip_s'] / max(r['wall_s'], 1e-9):.0f}%")
+
+    return report

@@ -53,3 +53,39 @@ def test_swarm_run_logs_spread_over_agents_with_hparams_and_mirrors_to_wandb(tmp
     if track:
         (offline,) = (run_dir / "wandb").glob("offline-run-*")
         assert any(offline.glob("*.wandb"))
+
+
+def test_agents_of_a_cluster_swarm_print_progress_lines(tmp_path):
+    import re
+    import threading
+
+    import topologies
+    from gossiprl import Broker
+    from gossiprl.agent import AgentConfig
+    from gossiprl.launch import run_agent
+
+    lines, errors = [], []
+    cfg = AgentConfig(env_id="CartPole-v1", total_frames=12000, torch_threads=1)
+
+    def agent(rank):
+        try:
+            run_agent(broker.address, rank, cfg, tmp_path, echo=lines.append, progress_every=0.5)
+        except Exception as err:  # noqa: BLE001 (reported by the test)
+            errors.append(err)
+
+    with Broker(topologies.make("ring", 2)).start() as broker:
+        threads = [threading.Thread(target=agent, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(100)
+    assert not errors, errors
+    pattern = re.compile(r"agent-(\d): ([\d,]+) frames, ([\d,]+) frames/s, return ([\d.]+), gossip (\d+)%")
+    seen = {}
+    for line in lines:
+        m = pattern.fullmatch(line)
+        assert m, line
+        frames = int(m.group(2).replace(",", ""))
+        assert frames > seen.get(m.group(1), 0) and int(m.group(3).replace(",", "")) > 0
+        seen[m.group(1)] = frames
+    assert set(seen) == {"0", "1"}, lines
