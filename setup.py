@@ -29,7 +29,7 @@ setup(
         ],
         "monitor": ["prometheus-client>=0.17", "rich>=13"],
         "track": ["wandb>=0.16"],
-        "test": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.80"],
+        "test": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.80", "prometheus-client>=0.17", "rich>=13"],
     },
     entry_points={"console_scripts": ["gossiprl=gossiprl.cli:main"]},
 )

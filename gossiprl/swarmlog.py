@@ -6,7 +6,7 @@ logged as mean, min and max over agents: the return (each agent's own last 100 e
 consensus distance (each agent's distance to its neighbours' parameters, from its gossip),
 lock wait and data-plane bytes (the broker's counters). The run's configuration goes in as
 TensorBoard hyperparameters with the final figures, so runs can be compared in the HPARAMS tab.
-``track`` mirrors it to Weights & Biases as CleanRL does (``wandb.init(sync_tensorboard=True)``).
+``track`` mirrors it to Weights & Biases as CleanRL does (wandb's TensorBoard sync).
 """
 from __future__ import annotations
 
@@ -32,9 +32,12 @@ class SwarmLog:
         if track is not None:
             import wandb
 
+            # sync_tensorboard=True as CleanRL, with the root named: wandb otherwise guesses it from
+            # the first writer and cannot place the hparams writer's file beside it
+            (Path(run_dir) / "swarm").mkdir(parents=True, exist_ok=True)
+            wandb.tensorboard.patch(root_logdir=str(Path(run_dir) / "swarm"))
             self.wandb = wandb.init(project=track.get("project") or "gossiprl", entity=track.get("entity"),
-                                    name=Path(run_dir).name, config=config, sync_tensorboard=True,
-                                    dir=str(run_dir))
+                                    name=Path(run_dir).name, config=config, dir=str(run_dir))
         self.writer = SummaryWriter(str(Path(run_dir) / "swarm"))
         self.frames: dict[int, int] = {}
         self.returns: dict[int, deque] = {}
