@@ -26,6 +26,7 @@ setup(
             "tqdm>=4.60",
             "moviepy>=1.0",
             "pygame>=2.1",
+            "opencv-python-headless>=4.8",
         ],
         "monitor": ["prometheus-client>=0.17", "rich>=13"],
         "track": ["wandb>=0.16"],

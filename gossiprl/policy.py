@@ -133,7 +133,7 @@ def render_env(policy: Policy) -> gym.Env:
                    frameskip=1, repeat_action_probability=policy.config.get("sticky_actions", 0.0))
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=ATARI_FRAMESKIP, screen_size=84,
                                           grayscale_obs=True, terminal_on_life_loss=False)
-    return gym.wrappers.FrameStackObservation(env, 4)
+    return gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")  # as AtariVectorEnv pads
 
 
 def record_videos(policy: Policy, video_dir: str | os.PathLike, episodes: int = 1, seed: int = 12345,

@@ -89,3 +89,32 @@ def test_eval_video_writes_an_mp4_per_policy(run_dir, tmp_path):
         assert f"video: 1 episode(s) in {tmp_path / name}" in result.output
         (video,) = (tmp_path / name).glob("*.mp4")
         assert video.read_bytes()[4:8] == b"ftyp"
+
+
+def test_atari_video_replays_the_training_preprocessing(tmp_path):
+    pytest.importorskip("cv2", reason="the rl extra's opencv (gymnasium's Atari preprocessing) is not installed")
+    from dataclasses import asdict
+
+    from gossiprl.agent import save_checkpoint
+    from gossiprl.envs import make_env
+    from gossiprl.models import make_model
+    from gossiprl.policy import render_env
+
+    envs = make_env("ALE/Pong-v5", 1, 0)
+    trained_on = envs.reset()[0]
+    model = make_model(envs.observation_space, envs.action_space)
+    envs.close()
+    (tmp_path / "run" / "agent-0").mkdir(parents=True)
+    save_checkpoint(tmp_path / "run" / "agent-0" / "checkpoint.pt", {
+        "model": model.state_dict(), "optimizer": {}, "recent_returns": [],
+        "counters": {"updates": 0, "frames": 0, "episodes": 0, "wall_s": 0.0},
+        "config": asdict(AgentConfig(env_id="ALE/Pong-v5"))})
+    policy = load_policy(tmp_path / "run")
+    env = render_env(policy)
+    replayed, _ = env.reset(seed=0)
+    env.close()
+    assert replayed.shape == trained_on.shape == (4, 84, 84) and replayed.dtype == trained_on.dtype
+    assert np.array_equal(replayed[:3], trained_on[:3])  # zero padding before the first frame, as in training
+    assert np.abs(replayed[3].astype(int) - trained_on[3]).mean() < 1  # Pong's first frame, whatever the no-ops
+    (video,) = record_videos(policy, tmp_path / "videos", max_steps=100)
+    assert video.stat().st_size > 0 and video.read_bytes()[4:8] == b"ftyp"
