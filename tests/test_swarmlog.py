@@ -1,5 +1,6 @@
 """The launcher's swarm-level TensorBoard run (and its W&B mirror), from a real two-agent swarm."""
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -58,7 +59,12 @@ def test_track_mirrors_the_swarm_run_to_wandb_offline(tmp_path, monkeypatch):
     swarm_run(run_dir, "--track", "--wandb-project", "gossiprl-test")
     (offline,) = (run_dir / "wandb").glob("offline-run-*")
     (log,) = offline.glob("*.wandb")
-    assert b"swarm/return_mean" in log.read_bytes() and b"gossiprl-test" in log.read_bytes()
+    deadline = time.monotonic() + 60  # wandb's service process may still be writing after finish() returns
+    while not (b"swarm/return_mean" in log.read_bytes() and b"gossiprl-test" in log.read_bytes()):
+        assert time.monotonic() < deadline, "the swarm's scalars never reached the offline W&B run"
+        time.sleep(0.5)
+    assert {p.name for p in (offline / "files").glob("events.out.tfevents.*")} == \
+        {p.name for p in (run_dir / "swarm").glob("events.out.tfevents.*")}
 
 
 def test_agents_of_a_cluster_swarm_print_progress_lines(tmp_path):
