@@ -98,10 +98,10 @@ def broker(bind, topology_spec, agents, peers, time_varying, mode, max_staleness
         from .monitor import StatsServer
 
         try:
-            import prometheus_client  # noqa: F401
-        except ImportError:
+            require_prometheus()
+        except click.ClickException:
             b.close()
-            raise click.ClickException("--metrics-port needs prometheus-client: pip install 'gossiprl[monitor]'") from None
+            raise
         try:
             stats_server = StatsServer(b.stats, metrics_port, metrics_bind)
         except OSError as err:
@@ -416,6 +416,13 @@ def require_rl(command: str) -> None:
                                    "install the rl extra: pip install -e '.[rl]'") from None
 
 
+def require_prometheus() -> None:
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise click.ClickException("--metrics-port needs prometheus-client: pip install 'gossiprl[monitor]'") from None
+
+
 def check_device(device: str) -> None:
     """Refuse --device cuda up front: otherwise every agent dies on its own with a torch error."""
     import torch
@@ -460,9 +467,11 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
               help="Mirror the swarm's TensorBoard run (RUN_DIR/swarm) to Weights & Biases (pip install 'gossiprl[track]').")
 @click.option("--wandb-project", default="gossiprl", show_default=True, help="W&B project, with --track.")
 @click.option("--wandb-entity", help="W&B entity (user or team), with --track; default: your W&B default.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
+              help="Serve the broker's stats on 127.0.0.1:PORT (/metrics for Prometheus, `gossiprl top`).")
 @agent_options
 def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transport, stop_at_return, max_seconds,
-        progress, fail_fast, track, wandb_project, wandb_entity, **kw):
+        progress, fail_fast, track, wandb_project, wandb_entity, metrics_port, **kw):
     """Train a swarm of gossiping A2C agents on this host (broker + one process per agent)."""
     require_rl("run")
     from . import launch
@@ -491,6 +500,8 @@ def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transpo
     layout = f"{topology_spec} topology, {mode} mode" if topology_spec else "plain A2C (no gossip)"
     click.echo(f"{agents} agent(s) on {kw['env_id']}, {layout}; run dir {run_dir}"
                + (f"; stops at mean return {target}" if target is not None else ""))
+    if metrics_port is not None:
+        require_prometheus()
     if track:
         try:
             import wandb  # noqa: F401
@@ -499,7 +510,8 @@ def run(topology_spec, agents, peers, time_varying, mode, max_staleness, transpo
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill gets the same clean stop as Ctrl-C
     try:
         summary = launch.run(swarm, cfg, run_dir, resume=kw["resume"], echo=click.echo, show_progress=progress,
-                             track={"project": wandb_project, "entity": wandb_entity} if track else None)
+                             track={"project": wandb_project, "entity": wandb_entity} if track else None,
+                             metrics_port=metrics_port)
     except (launch.RunError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     if summary["solved_at"]:

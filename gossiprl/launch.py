@@ -187,10 +187,11 @@ def _stop_when_orphaned(stop) -> None:
 
 
 def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo=print,
-        show_progress: bool = True, track: dict | None = None) -> dict:
+        show_progress: bool = True, track: dict | None = None, metrics_port: int | None = None) -> dict:
     """Train a swarm on this host; returns (and writes) summary.json's contents.
 
-    ``track`` ({"project", "entity"}) mirrors the swarm's TensorBoard run to Weights & Biases."""
+    ``track`` ({"project", "entity"}) mirrors the swarm's TensorBoard run to Weights & Biases;
+    ``metrics_port`` serves the broker's stats on loopback (``gossiprl top``, Prometheus)."""
     from dataclasses import replace
 
     from .swarmlog import SwarmLog
@@ -222,6 +223,16 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
             bind, broker_curve, agent_curve = private_endpoint(Path(tmp), swarm.transport)
             broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness,
                             curve=broker_curve).start()
+        stats_server = None
+        if broker is not None and metrics_port is not None:
+            from .monitor import StatsServer
+
+            try:
+                stats_server = StatsServer(broker.stats, metrics_port)
+            except OSError as err:
+                broker.close()
+                raise RunError(f"cannot serve stats on 127.0.0.1:{metrics_port}: {err.strerror}") from None
+            echo(f"broker stats on {stats_server.address}/metrics; watch with `gossiprl top {stats_server.address}`")
         bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
         try:
             for rank in range(swarm.agents):
@@ -281,6 +292,8 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                     p.terminate()
                     p.join(5)
             swarm_log.write(broker.stats() if broker else None, force=True)
+            if stats_server is not None:
+                stats_server.close()
             if broker is not None:
                 broker.close()
             bar(None)

@@ -118,3 +118,26 @@ def test_top_without_a_stats_server_is_one_line():
                           f"127.0.0.1:{free_port()}", "--once"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "start the broker with --metrics-port" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_local_swarm_serves_its_brokers_stats_while_it_trains(tmp_path):
+    port = free_port()
+    run = subprocess.Popen([sys.executable, "-c", "from gossiprl.cli import main; main()", "run", "--agents", "2",
+                            "--total-frames", "400000", "--torch-threads", "1", "--no-progress", "--max-seconds", "60",
+                            "--stop-at-return", "none", "--run-dir", str(tmp_path / "run"), "--metrics-port", str(port)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        banner = run.stdout.readline() + run.stdout.readline()
+        assert f"broker stats on http://127.0.0.1:{port}/metrics" in banner, banner
+        deadline = time.monotonic() + 60
+        while True:
+            stats = json.loads(get(f"http://127.0.0.1:{port}/stats")[2])
+            if all(a["round"] > 0 for a in stats["agents"].values()):
+                break
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.5)
+        assert stats["n"] == 2 and stats["address"].startswith("ipc://")
+    finally:
+        run.terminate()
+        run.wait(60)
+    assert run.returncode == 130
