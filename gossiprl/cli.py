@@ -464,7 +464,7 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 @click.option("--fail-fast", is_flag=True,
               help="Stop every agent when one crashes (default: the others carry on, rewired around it).")
 @click.option("--track", is_flag=True,
-              help="Mirror the swarm's TensorBoard run (RUN_DIR/swarm) to Weights & Biases (pip install 'gossiprl[track]').")
+              help="Mirror the swarm's TensorBoard run (RUN_DIR/swarm) to Weights & Biases (the track extra).")
 @click.option("--wandb-project", default="gossiprl", show_default=True, help="W&B project, with --track.")
 @click.option("--wandb-entity", help="W&B entity (user or team), with --track; default: your W&B default.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535),

@@ -1,5 +1,6 @@
 """Watching a real broker: its stats server (Prometheus /metrics, JSON /stats) and `gossiprl top --once`."""
 import json
+import os
 import re
 import socket
 import subprocess
@@ -105,7 +106,7 @@ def test_top_once_shows_every_agent_with_its_round_rate(swarm):
     address, _ = swarm
     out = subprocess.run([sys.executable, "-c", "from gossiprl.cli import main; main()", "top", address,
                           "--once", "--interval", "1"], capture_output=True, text=True, timeout=60,
-                         env={"COLUMNS": "160", **__import__("os").environ})
+                         env={**os.environ, "COLUMNS": "160"})
     assert out.returncode == 0, out.stderr
     assert "2 agents, sync mode" in out.stdout
     rows = {int(m.group(1)): float(m.group(2)) for m in re.finditer(
@@ -124,7 +125,8 @@ def test_a_local_swarm_serves_its_brokers_stats_while_it_trains(tmp_path):
     port = free_port()
     run = subprocess.Popen([sys.executable, "-c", "from gossiprl.cli import main; main()", "run", "--agents", "2",
                             "--total-frames", "400000", "--torch-threads", "1", "--no-progress", "--max-seconds", "60",
-                            "--stop-at-return", "none", "--run-dir", str(tmp_path / "run"), "--metrics-port", str(port)],
+                            "--stop-at-return", "none", "--run-dir", str(tmp_path / "run"),
+                            "--metrics-port", str(port)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         banner = run.stdout.readline() + run.stdout.readline()
