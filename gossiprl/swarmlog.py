@@ -81,7 +81,10 @@ class SwarmLog:
         self.writer.add_hparams(self.hparams, metrics, run_name=".")
         self.writer.close()
         if self.wandb is not None:
+            import wandb
+
             self.wandb.finish()
+            wandb.tensorboard.unpatch()  # the patch is process-wide: later writers are not this run's
 
 
 def _flatten(config: dict, prefix: str = "") -> dict:

@@ -28,17 +28,27 @@ def read_events(directory):
     return scalars, hparams
 
 
-def swarm_run(run_dir, *flags):
-    result = CliRunner().invoke(main, ["run", "--agents", "2", "--topology", "ring", "--total-frames", "40000",
-                                       "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none",
-                                       "--torch-threads", "1", *flags])
+@pytest.fixture(scope="module")
+def swarm_run(tmp_path_factory):
+    """One real two-agent run for both tests, mirrored to an offline W&B run when wandb is installed."""
+    run_dir = tmp_path_factory.mktemp("swarm") / "run"
+    try:
+        import wandb  # noqa: F401
+        track = ["--track", "--wandb-project", "gossiprl-test"]
+    except ImportError:
+        track = []
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WANDB_MODE", "offline")
+        env.setenv("WANDB_SILENT", "true")
+        result = CliRunner().invoke(main, ["run", "--agents", "2", "--topology", "ring", "--total-frames", "40000",
+                                           "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none",
+                                           "--torch-threads", "1", *track])
     assert result.exit_code == 0, result.output
+    return run_dir
 
 
-def test_swarm_run_logs_spread_over_agents_with_hparams(tmp_path):
-    run_dir = tmp_path / "run"
-    swarm_run(run_dir)
-    scalars, hparams = read_events(run_dir / "swarm")
+def test_swarm_run_logs_spread_over_agents_with_hparams(swarm_run):
+    scalars, hparams = read_events(swarm_run / "swarm")
     for name in ("return", "consensus_distance", "lock_wait_s", "data_plane_bytes"):
         low, mean, high = (scalars[f"swarm/{name}_{k}"][-1] for k in ("min", "mean", "max"))
         assert low <= mean <= high, name
@@ -46,25 +56,21 @@ def test_swarm_run_logs_spread_over_agents_with_hparams(tmp_path):
     assert scalars["swarm/data_plane_bytes_min"][-1] > 0
     assert scalars["swarm/agents_gone"][0] == 0  # and all have left by the last point
     assert hparams["swarm.topology"] == "ring" and hparams["swarm.agents"] == 2
-    lr = json.loads((run_dir / "config.json").read_text())["agent"]["a2c"]["lr"]
+    lr = json.loads((swarm_run / "config.json").read_text())["agent"]["a2c"]["lr"]
     assert hparams["agent.a2c.lr"] == pytest.approx(lr)
     assert scalars["hparam/frames"][-1] >= 40000
 
 
-def test_track_mirrors_the_swarm_run_to_wandb_offline(tmp_path, monkeypatch):
+def test_track_mirrors_the_swarm_run_to_wandb_offline(swarm_run):
     pytest.importorskip("wandb", reason="the track extra (wandb) is not installed: pip install -e '.[track]'")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    run_dir = tmp_path / "run"
-    swarm_run(run_dir, "--track", "--wandb-project", "gossiprl-test")
-    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    (offline,) = (swarm_run / "wandb").glob("offline-run-*")
     (log,) = offline.glob("*.wandb")
     deadline = time.monotonic() + 60  # wandb's service process may still be writing after finish() returns
     while not (b"swarm/return_mean" in log.read_bytes() and b"gossiprl-test" in log.read_bytes()):
         assert time.monotonic() < deadline, "the swarm's scalars never reached the offline W&B run"
         time.sleep(0.5)
     assert {p.name for p in (offline / "files").glob("events.out.tfevents.*")} == \
-        {p.name for p in (run_dir / "swarm").glob("events.out.tfevents.*")}
+        {p.name for p in (swarm_run / "swarm").glob("events.out.tfevents.*")}
 
 
 def test_agents_of_a_cluster_swarm_print_progress_lines(tmp_path):
@@ -77,7 +83,7 @@ def test_agents_of_a_cluster_swarm_print_progress_lines(tmp_path):
     from gossiprl.launch import run_agent
 
     lines, errors = [], []
-    cfg = AgentConfig(env_id="CartPole-v1", total_frames=12000, torch_threads=1)
+    cfg = AgentConfig(env_id="CartPole-v1", total_frames=40000, torch_threads=1)  # a few seconds: several reports
 
     def agent(rank):
         try:
