@@ -95,10 +95,11 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
 
     ``stop`` is any Event-like object (threading or multiprocessing); setting it ends the
     loop after the current update, with a final log row and checkpoint. ``progress`` gets,
-    about once a second and at the end, ``{"frames", "wall_s", "gossip_s", "returns"}``:
-    this agent's frames so far, its seconds of training and of gossip in this session, and
-    the returns of the episodes finished since the previous report, so a launcher can judge
-    the whole swarm (the solve threshold over all agents' last 100 episodes).
+    about once a second and at the end, ``{"frames", "wall_s", "gossip_s", "returns",
+    "consensus_distance"}``: this agent's frames so far, its seconds of training and of gossip
+    in this session, the returns of the episodes finished since the previous report, so a
+    launcher can judge the whole swarm (the solve threshold over all agents' last 100
+    episodes), and its last gossip's consensus distance (None before its first gossip).
     """
     agent_dir = Path(run_dir) / f"agent-{rank}"
     agent_dir.mkdir(parents=True, exist_ok=True)
@@ -218,7 +219,8 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
         if progress is not None and (finished or time.perf_counter() - last_report >= PROGRESS_EVERY_S):
             last_report = time.perf_counter()
             progress({"frames": frames, "wall_s": last_report - start, "gossip_s": timing["gossip"],
-                      "returns": returns_since_report})
+                      "returns": returns_since_report,
+                      "consensus_distance": gossip_stats.get("gossip/consensus_distance")})
             returns_since_report = []
         if solved:
             break

@@ -85,8 +85,12 @@ def main(verbose: int) -> None:
 @click.option("--data-plane", type=click.Choice(["broker", "shm", "direct", "auto"]), default="broker",
               show_default=True, help="Where parameter bytes travel: through the broker, shared memory, "
               "agent to agent, or auto (shm on one host, direct across hosts). PROTOCOL.md section 10.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
+              help="Serve the stats over HTTP on this port: /metrics (Prometheus) and /stats (for `gossiprl top`).")
+@click.option("--metrics-bind", default="127.0.0.1", show_default=True,
+              help="Address the stats server binds (anything wider lets others on that network read the stats).")
 def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, extra, mode, max_staleness,
-           peer_timeout, stats_every, curve_secret, curve_allow, insecure, data_plane):
+           peer_timeout, stats_every, curve_secret, curve_allow, insecure, data_plane, metrics_port, metrics_bind):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
     from .broker import Broker
 
@@ -105,6 +109,22 @@ def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, ex
                + (", CURVE keys required" if curve else ""))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     b.start()
+    stats_server = None
+    if metrics_port is not None:
+        from .monitor import StatsServer
+
+        try:
+            require_prometheus()
+        except click.ClickException:
+            b.close()
+            raise
+        try:
+            stats_server = StatsServer(b.stats, metrics_port, metrics_bind)
+        except OSError as err:
+            b.close()
+            raise click.ClickException(f"cannot serve stats on {metrics_bind}:{metrics_port}: {err.strerror}") from None
+        click.echo(f"stats on {stats_server.address}/metrics (Prometheus) and /stats; "
+                   f"watch with `gossiprl top {stats_server.address}`")
     try:
         while b.wait(stats_every or 3600):
             if stats_every:
@@ -113,8 +133,34 @@ def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, ex
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:
+        if stats_server is not None:
+            stats_server.close()
         b.close()
         click.echo("broker stopped")
+
+
+@main.command()
+@click.argument("address")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds between views; rates are measured over it.")
+@click.option("--once", is_flag=True, help="Print one view and exit.")
+def top(address, interval, once):
+    """Live view of a broker started with --metrics-port: ADDRESS is its stats server, e.g. 127.0.0.1:9100."""
+    from .monitor import fetch_stats, top as show
+
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        raise click.ClickException("`gossiprl top` needs rich: pip install 'gossiprl[monitor]'") from None
+    try:
+        fetch_stats(address)
+    except (OSError, ValueError) as err:
+        raise click.ClickException(f"no broker stats at {address} ({err}): start the broker with "
+                                   f"--metrics-port and give its HOST:PORT") from None
+    try:
+        show(address, interval, once)
+    except KeyboardInterrupt:
+        pass
 
 
 # ------------------------------------------------------------------ keys
@@ -398,6 +444,13 @@ def require_rl(command: str) -> None:
                                    "install the rl extra: pip install -e '.[rl]'") from None
 
 
+def require_prometheus() -> None:
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise click.ClickException("--metrics-port needs prometheus-client: pip install 'gossiprl[monitor]'") from None
+
+
 def check_device(device: str) -> None:
     """Refuse --device cuda up front: otherwise every agent dies on its own with a torch error."""
     import torch
@@ -440,9 +493,15 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show the progress line.")
 @click.option("--fail-fast", is_flag=True,
               help="Stop every agent when one crashes (default: the others carry on, rewired around it).")
+@click.option("--track", is_flag=True,
+              help="Mirror the swarm's TensorBoard run (RUN_DIR/swarm) to Weights & Biases (the track extra).")
+@click.option("--wandb-project", default="gossiprl", show_default=True, help="W&B project, with --track.")
+@click.option("--wandb-entity", help="W&B entity (user or team), with --track; default: your W&B default.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
+              help="Serve the broker's stats on 127.0.0.1:PORT (/metrics for Prometheus, `gossiprl top`).")
 @agent_options
-def run(topology_spec, agents, peers, time_varying, peers_per_round, extra, mode, max_staleness, transport, data_plane, stop_at_return,
-        max_seconds, progress, fail_fast, **kw):
+def run(topology_spec, agents, peers, time_varying, peers_per_round, extra, mode, max_staleness, transport, data_plane,
+        stop_at_return, max_seconds, progress, fail_fast, track, wandb_project, wandb_entity, metrics_port, **kw):
     """Train a swarm of gossiping A2C agents on this host (broker + one process per agent)."""
     require_rl("run")
     from . import launch
@@ -472,9 +531,18 @@ def run(topology_spec, agents, peers, time_varying, peers_per_round, extra, mode
     layout = f"{topology_spec} topology, {mode} mode" if topology_spec else "plain A2C (no gossip)"
     click.echo(f"{agents} agent(s) on {kw['env_id']}, {layout}; run dir {run_dir}"
                + (f"; stops at mean return {target}" if target is not None else ""))
+    if metrics_port is not None:
+        require_prometheus()
+    if track:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise click.ClickException("--track needs wandb: pip install 'gossiprl[track]'") from None
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill gets the same clean stop as Ctrl-C
     try:
-        summary = launch.run(swarm, cfg, run_dir, resume=kw["resume"], echo=click.echo, show_progress=progress)
+        summary = launch.run(swarm, cfg, run_dir, resume=kw["resume"], echo=click.echo, show_progress=progress,
+                             track={"project": wandb_project, "entity": wandb_entity} if track else None,
+                             metrics_port=metrics_port)
     except (launch.RunError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     if summary["solved_at"]:
@@ -506,8 +574,10 @@ def _interrupt(signum, frame):
               help="This agent's CURVE secret key (NAME.key_secret), for a broker that requires keys.")
 @click.option("--curve-broker", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The broker's public key (broker.key).")
+@click.option("--progress-every", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds between progress lines (frames, frames/s, return, gossip share); 0: none.")
 @agent_options
-def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
+def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_every, **kw):
     """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
 
     --total-frames is this agent's own budget here."""
@@ -539,7 +609,7 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
         signal.signal(sig, lambda *_: stop.set())
     try:
         summary = launch.run_agent(connect, rank, cfg, run_dir, resume=kw["resume"], codec=kw["codec"],
-                                   stop=stop, echo=click.echo, curve=curve)
+                                   stop=stop, echo=click.echo, curve=curve, progress_every=progress_every)
     except (launch.RunError, FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
     click.echo(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))
@@ -551,7 +621,11 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, **kw):
 @click.option("--greedy", is_flag=True, help="argmax actions instead of sampling from the policy.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def eval_cmd(run_dir, episodes, greedy, device, as_json):
+@click.option("--video", "video_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Also record MP4s here: DIR/consensus/ and DIR/agent-<rank>/.")
+@click.option("--video-episodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Episodes recorded per policy with --video.")
+def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episodes):
     """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
     require_rl("eval")
     check_device(device)
@@ -562,6 +636,14 @@ def eval_cmd(run_dir, episodes, greedy, device, as_json):
         result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device)
     except (FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
+    if video_dir is not None:
+        from .policy import load_policy, record_videos
+
+        for agent in ["consensus", *sorted(result["agents"])]:
+            files = record_videos(load_policy(run_dir, agent, device), video_dir, video_episodes,
+                                  deterministic=greedy)
+            click.echo(f"video: {len(files)} episode(s) in {files[0].parent}" if files else
+                       f"video: none written for {agent}", err=as_json)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

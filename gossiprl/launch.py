@@ -212,9 +212,14 @@ def _stop_when_orphaned(stop) -> None:
 
 
 def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo=print,
-        show_progress: bool = True) -> dict:
-    """Train a swarm on this host; returns (and writes) summary.json's contents."""
+        show_progress: bool = True, track: dict | None = None, metrics_port: int | None = None) -> dict:
+    """Train a swarm on this host; returns (and writes) summary.json's contents.
+
+    ``track`` ({"project", "entity"}) mirrors the swarm's TensorBoard run to Weights & Biases;
+    ``metrics_port`` serves the broker's stats on loopback (``gossiprl top``, Prometheus)."""
     from dataclasses import replace
+
+    from .swarmlog import SwarmLog
 
     topo = None
     if swarm.agents > 1 or swarm.topology is not None:
@@ -225,6 +230,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     run_dir = Path(run_dir)
     prepare_run_dir(run_dir, resume, {"swarm": asdict(swarm), "agent": asdict(agent_cfg),
                                       "topology": topo.to_dict() if topo else None})
+    swarm_log = SwarmLog(run_dir, {"swarm": asdict(swarm), "agent": asdict(agent_cfg)}, track)
     ctx = mp.get_context("spawn")
     stop, reports = ctx.Event(), ctx.Queue()
     progress = Progress(swarm.agents)
@@ -242,6 +248,16 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
             bind, broker_curve, agent_curve = private_endpoint(Path(tmp), swarm.transport)
             broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness,
                             curve=broker_curve, data_plane=swarm.data_plane).start()
+        stats_server = None
+        if broker is not None and metrics_port is not None:
+            from .monitor import StatsServer
+
+            try:
+                stats_server = StatsServer(broker.stats, metrics_port)
+            except OSError as err:
+                broker.close()
+                raise RunError(f"cannot serve stats on 127.0.0.1:{metrics_port}: {err.strerror}") from None
+            echo(f"broker stats on {stats_server.address}/metrics; watch with `gossiprl top {stats_server.address}`")
         bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
         try:
             for rank in range(swarm.agents):
@@ -261,6 +277,8 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                     kind = None
                 if kind == "progress":
                     progress.add(rank, payload)
+                    swarm_log.add(rank, payload)
+                    swarm_log.write(broker.stats() if broker else None)
                     bar(progress)
                     if (swarm.stop_at_return is not None and len(progress.returns) == 100
                             and progress.mean_return >= swarm.stop_at_return and not stop.is_set()):
@@ -298,6 +316,9 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                 if p.is_alive():
                     p.terminate()
                     p.join(5)
+            swarm_log.write(broker.stats() if broker else None, force=True)
+            if stats_server is not None:
+                stats_server.close()
             if broker is not None:
                 broker.close()
             bar(None)
@@ -319,6 +340,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     tmp_path = run_dir / "summary.json.tmp"
     tmp_path.write_text(json.dumps(summary, indent=2, default=_json_default))
     os.replace(tmp_path, run_dir / "summary.json")
+    swarm_log.close(summary)
     return summary
 
 
@@ -370,7 +392,7 @@ def _progress_bar(total_frames: int, enabled: bool):
 
 def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = False,
               gossip_timeout: float = 60.0, codec: str = "raw", stop=None, connect_timeout: float = 120.0,
-              echo=print, **client_options) -> dict:
+              echo=print, progress_every: float = 10.0, **client_options) -> dict:
     """One agent of a multi-host swarm (the PALA layout): the broker runs elsewhere.
 
     Agents of a batch job may start before their broker, so registration is retried for
@@ -379,7 +401,8 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
     have, a CURVE key the broker does not admit) ends it at once with the broker's reason.
     ``resume`` continues from this rank's checkpoint, or from the neighbours' parameters when
     there is none, and takes the rank over from a registration the broker may still hold for
-    this agent's previous, dead process.
+    this agent's previous, dead process. Every ``progress_every`` seconds (0: never) it prints a
+    progress line, as ``run``'s bar does for a swarm on one host.
     """
     from .agent import train
 
@@ -401,6 +424,30 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
             echo(f"agent-{rank}: waiting for the broker ({err})")
     gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
     try:
-        return train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop)
+        return train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
+                     progress=_progress_line(rank, echo, progress_every) if progress_every else None)
     finally:
         gossip.close()
+
+
+def _progress_line(rank: int, echo, every_s: float):
+    """A report callback printing frames, frames/s since the last line, the mean of the last 100
+    returns and the share of time in gossip. Frames count over a resume, so the rate is taken
+    between two reports rather than from the session's start."""
+    returns: deque = deque(maxlen=100)
+    last: dict = {}
+
+    def report(r: dict) -> None:
+        returns.extend(r["returns"])
+        if not last:
+            last.update(r)
+            return
+        if r["wall_s"] - last["wall_s"] < every_s:
+            return
+        fps = (r["frames"] - last["frames"]) / (r["wall_s"] - last["wall_s"])
+        last.update(r)
+        mean = f"{sum(returns) / len(returns):.1f}" if returns else "n/a (no episode finished yet)"
+        echo(f"agent-{rank}: {r['frames']:,} frames, {fps:,.0f} frames/s, return {mean}, "
+             f"gossip {100 * r['gossip_s'] / max(r['wall_s'], 1e-9):.0f}%")
+
+    return report
