@@ -86,6 +86,19 @@ def test_deviation_bound_keeps_honest_letters_and_counts_what_it_drops():
     assert result.dropped == [1] and result.peers == 1
 
 
+def test_a_larger_honest_step_near_consensus_is_mixed_not_dropped():
+    """Near consensus the recent distances are tiny; one honest step 500x larger (5% of |x|) must
+    still be mixed, or the two agents stop mixing and drift apart for good."""
+    rng = np.random.default_rng(4)
+    mine = rng.standard_normal(5000)
+    bound = DeviationBound()
+    for _ in range(40):
+        letter = mine + rng.standard_normal(5000) * 1e-4
+        assert mix({"p": mine}, {1: {"p": letter}}, {0: 0.5, 1: 0.5}, 0, bound=bound).peers == 1
+    step = mine + rng.standard_normal(5000) * 5e-2
+    assert mix({"p": mine}, {1: {"p": step}}, {0: 0.5, 1: 0.5}, 0, bound=bound).peers == 1
+
+
 def test_a_diverged_agent_refuses_the_mix_and_blames_no_peer():
     mine = np.ones(N, np.float32)
     mine[-3] = np.nan
