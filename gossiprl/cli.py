@@ -458,8 +458,11 @@ def eval_cmd(run_dir, episodes, greedy, device, as_json):
     """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
     from .evaluate import evaluate
 
+    from .consensus import evaluate_consensus
+
     try:
         result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device)
+        result["consensus"] = evaluate_consensus(run_dir, episodes=episodes, greedy=greedy, device=device)
     except FileNotFoundError as err:
         raise click.ClickException(str(err)) from None
     if as_json:
@@ -469,6 +472,9 @@ def eval_cmd(run_dir, episodes, greedy, device, as_json):
         click.echo(f"agent-{rank}: {r['mean']:.1f} +- {r['std']:.1f} over {len(r['returns'])} episodes")
     o = result["overall"]
     click.echo(f"overall: {o['mean']:.1f} +- {o['std']:.1f} over {o['episodes']} episodes")
+    c = result["consensus"]
+    click.echo(f"consensus (mean of the {c['agents']} agents' parameters): {c['mean']:.1f} +- {c['std']:.1f} "
+               f"over {len(c['returns'])} episodes")
 
 
 @main.command()
