@@ -34,15 +34,15 @@ def is_minatar(env_id: str) -> bool:
     return env_id.startswith(MINATAR_PREFIX)
 
 
-def _register_minatar(env_id: str) -> None:
+def _register_minatar() -> None:
     """MinAtar's gymnasium ids exist only after its own ``register_envs()``; it is an optional
     extra (it pulls pandas, scipy, seaborn), so it is imported on first use of one of its ids."""
-    if env_id in gym.registry:
+    if "MinAtar/Breakout-v1" in gym.registry:  # registered already (registering twice only warns)
         return
     try:
         from minatar.gym import register_envs
     except ImportError:
-        raise ValueError(f"{env_id!r} needs MinAtar: pip install 'gossiprl[minatar]'") from None
+        raise ValueError("MinAtar ids need the minatar package: pip install 'gossiprl[minatar]'") from None
     register_envs()
 
 
@@ -71,7 +71,7 @@ def env_spec(env_id: str) -> float | None:
             raise _unknown(env_id)
         return None
     if is_minatar(env_id):
-        _register_minatar(env_id)
+        _register_minatar()
     spec = gym.registry.get(env_id)
     if spec is None:
         raise _unknown(env_id)
