@@ -32,7 +32,7 @@ def build(quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[
 
 STUDY = Study("batch_period", "Batch size and gossip period",
               "how do the batch per update (n-steps x envs) and gossiping only every k updates trade "
-              "communication time against learning, for the same frames?", build, real_frames=400_000,
+              "communication time against learning, for the same frames?", build, real_frames=100_000,
               quick_settings=2)
 main = command(STUDY)
 

@@ -32,6 +32,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -63,6 +64,9 @@ class Cell:
     gossip_every: int = 1
     labels: dict = field(default_factory=dict)
     """Extra columns for the table (topology, mode, staleness, ...)."""
+    runner: Callable[["Cell", AgentConfig, Path], tuple[list[dict], float]] | None = None
+    """Runs the swarm some other way than ``launch.run`` (agents in network namespaces): gets the
+    cell, the agents' config and the run dir, returns (each agent's summary, wall-clock seconds)."""
 
     @property
     def key(self) -> str:
@@ -119,7 +123,8 @@ def run_study(cells: list[Cell], out: Path, env_id: str, threshold: float | None
 def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
     what = {"env": env_id, "eval_episodes": eval_episodes, "seed": cell.seed, "agents": cell.agents,
             "total_frames": cell.total_frames, "swarm": asdict(cell.swarm) if cell.swarm else None,
-            "a2c": asdict(cell.a2c), "gossip_every": cell.gossip_every}
+            "a2c": asdict(cell.a2c), "gossip_every": cell.gossip_every,
+            "runner": cell.runner.__name__ if cell.runner else None}
     return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -159,6 +164,10 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         wall = time.perf_counter() - start
         agent_dirs = [run_dir / f"indep-{r}" / "agent-0" for r in range(cell.agents)]
         gossip_share = 0.0
+    elif cell.runner is not None:
+        summaries, wall = cell.runner(cell, agent_cfg, run_dir)
+        agent_dirs = [run_dir / f"agent-{r}" for r in range(cell.agents)]
+        gossip_share = sum(s["gossip_s"] for s in summaries) / sum(s["wall_seconds"] for s in summaries)
     else:
         summary = launch.run(cell.swarm, agent_cfg, run_dir, show_progress=False, echo=lambda *a: None)
         wall = summary["wall_seconds"]

@@ -27,7 +27,7 @@ def build(quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[
 
 STUDY = Study("ordering_ablation", "Ordering ablation",
               "do PALA's turn locks (sync) learn better than unordered async gossip, or than no gossip, "
-              "for the same frames and the same time?", build, real_frames=400_000, quick_settings=2)
+              "for the same frames and the same time?", build, real_frames=100_000, quick_settings=2)
 main = command(STUDY)
 
 if __name__ == "__main__":

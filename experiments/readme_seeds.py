@@ -1,7 +1,7 @@
 """Does the README's default command solve CartPole for every seed? Run it and see.
 
 Each seed runs exactly the command a user copies, ``gossiprl run --topology ring --seed S``
-(4 agents, 2M frames each, stop once the pooled last-100 mean reaches 475), as a subprocess,
+(4 agents, 2M frames for the whole swarm, stop once the pooled last-100 mean reaches 475), as a subprocess,
 and is then judged both ways: the launcher's pooled rule, and every agent's own last-100
 mean; plus the consensus policy's evaluation. Resumable per seed; one line per seed.
 

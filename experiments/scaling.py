@@ -26,7 +26,7 @@ def build(quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[
 
 STUDY = Study("scaling", "Agent-count scaling",
               "on a fixed pair of cores, does splitting the same frames over more gossiping agents learn "
-              "faster per frame or per second, and where does the time go?", build, real_frames=400_000,
+              "faster per frame or per second, and where does the time go?", build, real_frames=100_000,
               time_split=True, quick_settings=2)
 main = command(STUDY)
 

@@ -51,9 +51,12 @@ def command(study: Study) -> click.Command:
     @click.option("--env", "env_id", default=None, help=f"[default: {REAL_ENV}; --quick: {QUICK_ENV}]")
     @click.option("--eval-episodes", type=click.IntRange(min=1), default=None,
                   help="Episodes for each final-policy evaluation [default: 10; --quick: 3].")
+    @click.option("--max-agents", type=click.IntRange(min=1), default=None,
+                  help="Run only the cells of at most this many agents now (the others stay planned, "
+                       "and RESULTS.md lists them as missing until run).")
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
                   help=f"[default: experiments/results/{study.name}, or {study.name}-quick with --quick]")
-    def main(quick, seeds, frames, env_id, eval_episodes, out):
+    def main(quick, seeds, frames, env_id, eval_episodes, max_agents, out):
         env_id = env_id or (QUICK_ENV if quick else REAL_ENV)
         try:
             threshold = env_spec(env_id)
@@ -73,6 +76,8 @@ def command(study: Study) -> click.Command:
         }, indent=2))
         click.echo(f"{study.title}: {len(cells)} cells ({len(settings)} settings x {len(seed_list)} seeds), "
                    f"{frames:,} frames each on {env_id} -> {out}")
+        if max_agents is not None:
+            cells = [c for c in cells if c.agents <= max_agents]
         rows = run_study(cells, out, env_id, threshold, eval_episodes or (3 if quick else 10), echo=click.echo)
         finish(study, out, rows, settings, env_id, threshold)
 

@@ -28,7 +28,7 @@ def build(quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[
 
 STUDY = Study("topology_ablation", "Topology ablation",
               "does the gossip topology (ring, sparse, time-varying sparse, full, or none) change what the "
-              "swarm learns for the same frames and the same time?", build, real_frames=400_000, quick_settings=2)
+              "swarm learns for the same frames and the same time?", build, real_frames=100_000, quick_settings=2)
 main = command(STUDY)
 
 if __name__ == "__main__":

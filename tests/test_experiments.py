@@ -2,7 +2,8 @@
 a finished cell, and RESULTS.md is generated from what the studies wrote.
 
 The studies share one results dir, so cells two studies have in common (the 4-agent sync ring
-and the independent agents) run once: five real CartPole cells in all, one seed each."""
+and the independent agents) run once: seven real CartPole cells in all, one seed each (the layout
+study's netns cell only where root can make network namespaces)."""
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from experiments import batch_period, make_results, ordering_ablation, scaling, topology_ablation
+from experiments import batch_period, layout, make_results, ordering_ablation, scaling, topology_ablation
 from experiments.common import ci95, swarm_curve
 
 FRAMES = "8000"
@@ -49,7 +50,7 @@ def test_ordering_quick_runs_every_cell_then_resumes_without_rerunning(results):
     assert second.count("done before, kept") == 2
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(results):
     topology = run_quick(topology_ablation, results / "topology_ablation")
     assert topology.count("reused") == 2  # ring-4 and independent-4 ran in the ordering study
@@ -62,12 +63,17 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
         # one agent has no gossip: what its loop times there is the skipped branch, microseconds
         assert r["rollout_s"] > 0 and r["learn_s"] > 0 and (r["agents"] == 1) == (r["gossip_wait_s"] < 0.01)
 
+    run_quick(layout, results / "layout")
+    layouts = {json.loads(p.read_text())["layout"] for p in (results / "layout" / "cells").glob("*.json")}
+    assert layouts == ({"one host"} if layout.netns_unavailable() else {"one host", "netns"})
+
     output = results / "RESULTS.md"
     result = CliRunner().invoke(make_results.main, ["--results", str(results), "--output", str(output)],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     text = output.read_text()
-    for title in ("Ordering ablation", "Topology ablation", "Agent-count scaling", "Batch size and gossip period"):
+    for title in ("Ordering ablation", "Topology ablation", "Agent-count scaling", "Batch size and gossip period",
+                  "Layout: one host vs network-namespace hosts"):
         assert f"## {title}" in text
     assert "Missing cells" not in text  # --quick plans exactly the cells it ran
     assert "untestable (one seed, no interval)" in text and "**agrees**" not in text
