@@ -44,6 +44,9 @@ def test_a_minatar_ring_trains_a_few_updates_and_its_consensus_is_evaluated(tmp_
     assert summary["failed"] == {}
     assert [summary["per_agent"][r]["updates"] for r in (0, 1)] == [6, 6]
     assert summary["gossip_share"] > 0
+    own = [summary["per_agent"][r]["mean_return"] for r in (0, 1)]
+    assert summary["agents_min_return"] == min(own)
+    assert summary["agents_mean_return"] == pytest.approx(sum(own) / 2)
 
     result = CliRunner().invoke(main, ["eval", str(tmp_path / "run"), "--episodes", "2", "--json"],
                                 catch_exceptions=False)
