@@ -100,6 +100,10 @@ def run_study(cells: list[Cell], out: Path, env_id: str, threshold: float | None
     shared = Path(shared) if shared is not None else out.parent / "_shared"
     for folder in (out / "cells", out / "curves", shared):
         folder.mkdir(parents=True, exist_ok=True)
+    seeds = list(dict.fromkeys(c.seed for c in cells))
+    # seed by seed, every setting once per round: the load other jobs put on the shared cores
+    # drifts over the hours a study runs, and this spreads it over the settings alike
+    cells = sorted(cells, key=lambda c: seeds.index(c.seed))
     for k, cell in enumerate(cells, 1):
         row_path = out / "cells" / f"{cell.key}.json"
         if row_path.exists():
@@ -265,18 +269,19 @@ def read_curves(out: Path, key: str) -> list[dict]:
         return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
-def swarm_curve(rows: list[dict], x: str, grid: np.ndarray, agents: int) -> np.ndarray:
+def swarm_curve(rows: list[dict], x: str, grid: np.ndarray, agents: int, hold_last: bool = False) -> np.ndarray:
     """Mean over agents of each agent's last-100 mean, interpolated on ``grid``.
 
     x = 'frames': grid is in swarm frames (agent frames x agents); x = 'wall_s': seconds.
     Past an agent's last row the curve holds its last value only up to the grid point where
-    it finished; beyond the end of the run it is nan (no extrapolation)."""
+    it finished; beyond the end of the run it is nan (no extrapolation), unless ``hold_last``:
+    then an agent that had spent its budget keeps its final value (it had nothing left to do)."""
     per_agent = []
     for a in sorted({int(r["agent"]) for r in rows}):
         pts = sorted((r[x] * (agents if x == "frames" else 1), r["mean_return_100"]) for r in rows
                      if int(r["agent"]) == a)
         xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
-        curve = np.interp(grid, xs, ys, left=np.nan, right=np.nan)
+        curve = np.interp(grid, xs, ys, left=np.nan, right=ys[-1] if hold_last else np.nan)
         curve[(grid > xs[-1]) & (grid <= xs[-1] * 1.001)] = ys[-1]
         per_agent.append(curve)
     if not per_agent:

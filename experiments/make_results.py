@@ -69,7 +69,7 @@ def study_section(name: str, results: Path) -> list[str]:
     rows = load_rows(out, cells)
     missing = [f"{c.setting} seed {c.seed}" for c in cells if not (out / "cells" / f"{cell_key(c.setting, c.seed)}.json").exists()]
     lines = [f"## {meta['title']}", "", f"**Question.** {meta['question'][0].upper()}{meta['question'][1:]}", ""]
-    lines += [f"**Setup.** `{meta['command']}` — {meta['env']}, {meta['frames_per_cell']:,} frames per cell for the "
+    lines += [f"**Setup.** `{meta['command'].strip()}` — {meta['env']}, {meta['frames_per_cell']:,} frames per cell for the "
               f"whole swarm (split evenly over its agents), seeds {', '.join(map(str, meta['seeds']))}; "
               f"{len(rows)} of {len(cells)} cells finished."]
     if missing:
@@ -133,6 +133,22 @@ def findings(name: str, table: dict[str, dict], t_equal: float) -> list[str]:
     return lines
 
 
+def budget_lines(results: Path) -> list[str]:
+    """The budget actually spent, from the shared cells (each real run counted once)."""
+    rows = [json.loads(p.read_text()) for p in sorted((results / "_shared").glob("*.json"))]
+    if not rows:
+        return []
+    frames = sum(r["frames"] for r in rows)
+    seconds = sum(r["wall_s"] for r in rows)
+    return ["**Budget.** The studies' distinct runs (a run shared by two studies counted once): "
+            f"{len(rows)} runs, {frames / 1e6:.1f} M frames in {seconds / 60:.0f} min of wall-clock, "
+            f"{frames / seconds:.0f} frames/s on average including process start-up and evaluation. The frames "
+            "per cell were chosen from a short probe of a 4-agent ring on MinAtar Breakout so that the "
+            "studies fit the two hours the machine was available, most important cells first "
+            "(`experiments/run_all.sh`); that budget is far below what MinAtar agents need to learn well, so "
+            "the scores are early-training scores.", ""]
+
+
 def readme_seeds_section(results: Path) -> list[str]:
     path = results / "readme_seeds" / "results.csv"
     cells = sorted((results / "readme_seeds" / "cells").glob("seed*.json"))
@@ -174,12 +190,14 @@ def main(results, output):
              "**GPU.** No GPU machine was at hand in this session: the Pong/Breakout GPU runs of the issue "
              "(8-16 agents vs A2C vs independent, fixed wall-clock) were not done.", "",
              "**How cells are judged.** Equal total frames per cell for the whole swarm; equal wall-clock is read "
-             "off the curves at the training time when the first cell of the study stopped. Score = each agent's "
+             "off the curves after T seconds of training, T the shortest of the settings' median training times "
+             "(a cell done before T keeps its final score). Score = each agent's "
              "own mean return over its last 100 training episodes, averaged over agents (never pooled over agents); "
              "'worst agent' is the lowest of them. Each agent's final policy and the consensus policy (the plain "
              "average of all agents' final parameters) are played for fresh episodes (how many: each study's setup) with sampled actions. "
              "Over seeds: mean ± 95 % Student-t interval; two settings are called different only where the "
              "intervals do not overlap.", ""]
+    lines += budget_lines(results)
     for name in STUDIES:
         lines += study_section(name, results)
     lines += readme_seeds_section(results)

@@ -112,16 +112,24 @@ def finish(study: Study, out: Path, rows: list[dict], settings: list[str], env_i
 
 
 def add_equal_wall_score(out: Path, rows: list[dict]) -> None:
-    """Each cell's score (mean of its agents' last-100 means) at the wall-clock second at which
-    the fastest cell of the study stopped training: the equal-time comparison."""
+    """Each cell's score (mean of its agents' last-100 means) after T seconds of training, T being
+    the shortest of the settings' median training times: the equal-time comparison. A cell that
+    finished its frames before T keeps its final score (the budget was spent). The median over
+    seeds, not the single fastest cell, because other jobs on the shared cores make a lone cell
+    fast or slow."""
     if not rows:
         return
     curves = {cell_key(r["setting"], r["seed"]): read_curves(out, cell_key(r["setting"], r["seed"])) for r in rows}
-    ends = [max(c["wall_s"] for c in rows_) for rows_ in curves.values() if rows_]
-    t = min(ends) if ends else 0.0
+    ends: dict[str, list[float]] = {}
+    for r in rows:
+        points = curves[cell_key(r["setting"], r["seed"])]
+        if points:
+            ends.setdefault(r["setting"], []).append(max(c["wall_s"] for c in points))
+    t = min(float(np.median(v)) for v in ends.values()) if ends else 0.0
     for r in rows:
         r["equal_wall_s"] = t
-        value = swarm_curve(curves[cell_key(r["setting"], r["seed"])], "wall_s", np.array([t]), r["agents"])[0]
+        value = swarm_curve(curves[cell_key(r["setting"], r["seed"])], "wall_s", np.array([t]), r["agents"],
+                            hold_last=True)[0]
         r["score_at_equal_wall"] = None if np.isnan(value) else float(value)
 
 
