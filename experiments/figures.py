@@ -34,22 +34,26 @@ def study_figure(out: Path, rows: list[dict], settings: list[str], path: Path, t
     axes = fig.subplots(1, panels)
     present = [s for s in settings if any(r["setting"] == s for r in rows)]
     max_frames = max(r["frames"] for r in rows)
-    max_wall = max(r["wall_s"] for r in rows)
+    max_wall = max(float(row["wall_s"]) for r in rows for row in read_curves(out, cell_key(r["setting"], r["seed"])))
     grids = {"frames": np.linspace(0, max_frames, GRID_POINTS), "wall_s": np.linspace(0, max_wall, GRID_POINTS)}
     for k, setting in enumerate(present):
         mine = [r for r in rows if r["setting"] == setting]
         color = f"C{k % 10}"
         for ax, x in zip(axes, ("frames", "wall_s")):
             grid = grids[x]
-            curves = np.vstack([swarm_curve(read_curves(out, cell_key(r['setting'], r['seed'])), x, grid, r["agents"]) for r in mine])
+            # vs wall-clock a seed that has spent its frames keeps its final score, so the mean does not
+            # jump when the fastest seed stops (and it matches the table's equal-wall-clock score)
+            curves = np.vstack([swarm_curve(read_curves(out, cell_key(r['setting'], r['seed'])), x, grid, r["agents"],
+                                            hold_last=x == "wall_s") for r in mine])
             mean, half = _band(curves)
             xs = grid / 1e6 if x == "frames" else grid
             ax.plot(xs, mean, color=color, label=f"{setting} (n={len(mine)} seeds)")
             ax.fill_between(xs, mean - half, mean + half, color=color, alpha=0.2, linewidth=0)
     for ax, x in zip(axes, ("frames", "wall_s")):
-        ax.set_xlabel("frames, whole swarm (M)" if x == "frames" else "wall-clock of training (s), after start-up")
+        ax.set_xlabel("frames, whole swarm (M)" if x == "frames" else "wall-clock of training on the same 2 cores (s), after start-up")
         ax.set_ylabel("episode return (mean of agents' last-100 means)")
-        ax.set_title("score vs frames" if x == "frames" else "score vs wall-clock (same 2 cores)")
+        ax.set_title("score vs frames" if x == "frames" else
+                     "score vs wall-clock (finished seeds hold their last score)")
         ax.ticklabel_format(axis="x", style="plain", useOffset=False)
         if threshold is not None:
             ax.axhline(threshold, color="gray", linestyle=":", linewidth=1, label=f"threshold {threshold:g}")
