@@ -75,7 +75,7 @@ def _time_split_bars(ax, rows: list[dict], settings: list[str]) -> None:
         values = []
         for setting in settings:
             mine = [r for r in rows if r["setting"] == setting]
-            values.append(np.mean([1e3 * r[key] / _updates_per_agent(r) for r in mine]))
+            values.append(np.mean([1e3 * r[key] / updates_per_agent(r) for r in mine]))
         ax.bar(range(len(settings)), values, bottom=bottom, label=label, color=f"C{k}")
         bottom += np.array(values)
     ax.set_xticks(range(len(settings)), settings, rotation=30, ha="right", fontsize=7)
@@ -84,6 +84,6 @@ def _time_split_bars(ax, rows: list[dict], settings: list[str]) -> None:
     ax.legend(fontsize=7)
 
 
-def _updates_per_agent(row: dict) -> float:
+def updates_per_agent(row: dict) -> float:
     return max(1.0, row["frames"] / row["agents"] / (row["n_steps"] * row["num_envs"]))
 

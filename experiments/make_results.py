@@ -22,6 +22,21 @@ from experiments.study import METRICS, RESULTS, finish, planned_cells
 
 STUDIES = ["ordering_ablation", "topology_ablation", "scaling", "batch_period", "layout"]
 
+NOTES = {
+    "scaling": "Every agent gets cores // agents torch threads (the launcher's default), so the single A2C "
+               "agent runs 2 intra-op threads and each agent of a swarm 1; on cores other jobs also load, "
+               "those 2 threads wait on each other, which is part of what the time split shows.",
+    "layout": "The spread layout runs the agents as `gossiprl agent` commands in network namespaces (as "
+              "tests/test_netns.py does): a broker host and two agent hosts with 2 agents each, every link "
+              "shaped with tc to 1 Gbit/s; the same two cores serve all of them.",
+    "topology_ablation": "The ring and independent 4-agent cells are the ordering study's runs, reused (same "
+                         "configuration and seeds); they ran earlier in the session, when other jobs loaded the "
+                         "cores more, so their wall-clock and frames/s are not comparable with the other "
+                         "topologies' — compare those settings per frame.",
+    "ordering_ablation": "Async agents gossip without turn locks; max-staleness k makes an agent wait once it "
+                         "has gone k rounds without a letter from an in-peer.",
+}
+
 PAPER = {
     "ordering_ablation": ("PALA's claim: ordered (sync, turn-locked) gossip learns better than unordered async gossip "
                           "and than independent agents at equal time.", "sync (turn locks)",
@@ -95,8 +110,26 @@ def study_section(name: str, results: Path) -> list[str]:
     lines += ["", "Mean ± 95 % t-interval over seeds. Raw per-seed rows: "
               f"[results/{name}/results.csv](results/{name}/results.csv); per setting: "
               f"[summary.csv](results/{name}/summary.csv).", "", f"![{meta['title']}](results/{name}/figure.png)", ""]
-    lines += ["**What the data says.**", ""] + findings(name, table, t_equal) + [""]
+    if name in NOTES:
+        lines += [f"**Note.** {NOTES[name]}", ""]
+    lines += ["**What the data says.**", ""] + findings(name, table, t_equal) + time_split_lines(rows, settings) + [""]
     return lines
+
+
+def time_split_lines(rows: list[dict], settings: list[str]) -> list[str]:
+    """Where an agent's update goes, per setting (mean over seeds), from the cells' timers."""
+    from experiments.figures import updates_per_agent
+
+    parts = []
+    for setting in settings:
+        mine = [r for r in rows if r["setting"] == setting]
+        if not mine:
+            continue
+        ms = {k: sum(1e3 * r[k] / updates_per_agent(r) for r in mine) / len(mine)
+              for k in ("rollout_s", "learn_s", "gossip_wait_s", "mix_s")}
+        parts.append(f"{setting} {sum(ms.values()):.0f} ms (rollout {ms['rollout_s']:.0f}, learn {ms['learn_s']:.0f}, "
+                     f"gossip wait + transfer {ms['gossip_wait_s']:.0f}, mix {ms['mix_s']:.1f})")
+    return [f"- One agent's update, mean over seeds: {'; '.join(parts)}."]
 
 
 def findings(name: str, table: dict[str, dict], t_equal: float) -> list[str]:
