@@ -4,6 +4,8 @@ The comms layer (topologies, wire, broker, client) needs only pyzmq, msgpack and
 The RL half (A2C agents, Atari, logging) is the ``rl`` extra. torch is deliberately not
 pinned here: install the build that fits the machine first (``pip install torch==2.13.0``
 takes the CPU wheel on our CPU machines), and the ``torch>=2.1`` range below installs nothing more.
+MinAtar (the CPU-scale Atari stand-in the experiments use) is its own extra, ``minatar``: it pulls
+pandas, scipy and seaborn, which nothing else needs.
 """
 from setuptools import find_packages, setup
 
@@ -30,6 +32,7 @@ setup(
         ],
         "monitor": ["prometheus-client>=0.17", "rich>=13"],
         "track": ["wandb>=0.16"],
+        "minatar": ["minatar==1.0.15"],
         "test": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.80", "prometheus-client>=0.17", "rich>=13"],
     },
     entry_points={"console_scripts": ["gossiprl=gossiprl.cli:main"]},

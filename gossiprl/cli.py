@@ -630,10 +630,12 @@ def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episod
     require_rl("eval")
     check_device(device)
     from .agent import CheckpointError
+    from .consensus import evaluate_consensus
     from .evaluate import evaluate
 
     try:
         result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device)
+        result["consensus"] = evaluate_consensus(run_dir, episodes=episodes, greedy=greedy, device=device)
     except (FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
     if video_dir is not None:
@@ -651,6 +653,9 @@ def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episod
         click.echo(f"agent-{rank}: {r['mean']:.1f} +- {r['std']:.1f} over {len(r['returns'])} episodes")
     o = result["overall"]
     click.echo(f"overall: {o['mean']:.1f} +- {o['std']:.1f} over {o['episodes']} episodes")
+    c = result["consensus"]
+    click.echo(f"consensus (mean of the {c['agents']} agents' parameters): {c['mean']:.1f} +- {c['std']:.1f} "
+               f"over {len(c['returns'])} episodes")
 
 
 @main.command()

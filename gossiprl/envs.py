@@ -25,6 +25,27 @@ def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
 
 
+MINATAR_PREFIX = "MinAtar/"
+
+
+def is_minatar(env_id: str) -> bool:
+    """MinAtar (10x10 Atari stand-ins: Breakout, SpaceInvaders, Asterix, Freeway, Seaquest),
+    the CPU-scale proxy for the papers' Atari games."""
+    return env_id.startswith(MINATAR_PREFIX)
+
+
+def _register_minatar() -> None:
+    """MinAtar's gymnasium ids exist only after its own ``register_envs()``; it is an optional
+    extra (it pulls pandas, scipy, seaborn), so it is imported on first use of one of its ids."""
+    if "MinAtar/Breakout-v1" in gym.registry:  # registered already (registering twice only warns)
+        return
+    try:
+        from minatar.gym import register_envs
+    except ImportError:
+        raise ValueError("MinAtar ids need the minatar package: pip install 'gossiprl[minatar]'") from None
+    register_envs()
+
+
 def atari_game(env_id: str) -> str:
     """ALE ROM name for an id: ``ALE/MsPacman-v5`` and ``MsPacmanNoFrameskip-v4`` -> ``ms_pacman``."""
     name = env_id.removeprefix("ALE/").split("-v")[0].removesuffix("NoFrameskip")
@@ -34,7 +55,8 @@ def atari_game(env_id: str) -> str:
 def _unknown(env_id: str) -> ValueError:
     return ValueError(
         f"unknown env id {env_id!r}: use a gymnasium registry id (e.g. 'CartPole-v1', 'Acrobot-v1') "
-        f"or an Atari id (e.g. 'ALE/Pong-v5', 'BreakoutNoFrameskip-v4')"
+        f"or an Atari id (e.g. 'ALE/Pong-v5', 'BreakoutNoFrameskip-v4') "
+        f"or a MinAtar id (e.g. 'MinAtar/Breakout-v1')"
     )
 
 
@@ -48,6 +70,8 @@ def env_spec(env_id: str) -> float | None:
         if atari_game(env_id) not in ale_py.roms.get_all_rom_ids():
             raise _unknown(env_id)
         return None
+    if is_minatar(env_id):
+        _register_minatar()
     spec = gym.registry.get(env_id)
     if spec is None:
         raise _unknown(env_id)

@@ -96,12 +96,16 @@ class Progress:
     busy_s: dict[int, float] = field(default_factory=dict)
     returns: deque = field(default_factory=lambda: deque(maxlen=100))
     episodes: int = 0
+    agent_returns: dict[int, deque] = field(default_factory=dict)
+    """Each agent's own last 100 episodes: the pooled window is dominated by whichever agents
+    finish episodes fastest (the worst ones, on CartPole), so both are shown."""
 
     def add(self, rank: int, report: dict) -> None:
         self.frames[rank] = report["frames"]
         self.gossip_s[rank] = report["gossip_s"]
         self.busy_s[rank] = report["wall_s"]
         self.returns.extend(report["returns"])
+        self.agent_returns.setdefault(rank, deque(maxlen=100)).extend(report["returns"])
         self.episodes += len(report["returns"])
 
     @property
@@ -111,6 +115,10 @@ class Progress:
     @property
     def mean_return(self) -> float:
         return sum(self.returns) / len(self.returns) if self.returns else math.nan
+
+    @property
+    def agent_means(self) -> list[float]:
+        return [sum(r) / len(r) for r in self.agent_returns.values() if r]
 
     @property
     def gossip_share(self) -> float:
@@ -329,6 +337,11 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
         "wall_seconds": wall,
         "fps": sum(s["fps"] * s["wall_seconds"] for s in summaries.values()) / wall,
         "mean_return": progress.mean_return,
+        "mean_return_definition": "mean of the last 100 episodes of all agents pooled (the stop rule); "
+                                  "agents_mean_return / agents_min_return: mean and worst of each agent's "
+                                  "own last-100 mean",
+        "agents_mean_return": _mean([s["mean_return"] for s in summaries.values()]),
+        "agents_min_return": min((s["mean_return"] for s in summaries.values()), default=math.nan),
         "episodes": progress.episodes,
         "agents": swarm.agents,
         "stopped_by": stopped_by,
@@ -342,6 +355,10 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     os.replace(tmp_path, run_dir / "summary.json")
     swarm_log.close(summary)
     return summary
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 def _json_default(value):
@@ -384,7 +401,9 @@ def _progress_bar(total_frames: int, enabled: bool):
             bar.close()
             return
         bar.update(progress.total_frames - bar.n)
-        bar.set_postfix_str(f"return {progress.mean_return:.1f}  gossip {100 * progress.gossip_share:.0f}%",
+        means = progress.agent_means
+        own = f" (agents {min(means):.0f}-{max(means):.0f})" if len(means) > 1 else ""
+        bar.set_postfix_str(f"return {progress.mean_return:.1f}{own}  gossip {100 * progress.gossip_share:.0f}%",
                             refresh=False)
 
     return update

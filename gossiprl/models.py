@@ -3,7 +3,7 @@
 The Atari network is the Nature CNN that GALA and PALA use (1,687,719 parameters for six
 actions, 6.75 MB in fp32), so message sizes and timings match the papers. Vector
 observations (CartPole and friends) get the small tanh MLP that CleanRL and Stable-Baselines3
-use for A2C/PPO.
+use for A2C/PPO. MinAtar's 10x10xC boolean grids get the MinAtar paper's small CNN.
 """
 from __future__ import annotations
 
@@ -47,6 +47,30 @@ class AtariActorCritic(nn.Module):
         return self.policy(hidden), self.value(hidden).squeeze(-1)
 
 
+class MinAtarActorCritic(nn.Module):
+    """The network of the MinAtar paper (Young & Tian, 2019): one 3x3 conv with 16 channels,
+    then 128 hidden units, with a policy and a value head.
+
+    Takes MinAtar's (B, 10, 10, C) boolean grid channels-last, as the env gives it, and moves
+    channels first inside, so rollouts and messages keep the 1-byte observations.
+    """
+
+    def __init__(self, in_channels: int, num_actions: int, size: int = 10):
+        super().__init__()
+        relu_gain = math.sqrt(2)
+        self.trunk = nn.Sequential(
+            layer_init(nn.Conv2d(in_channels, 16, 3, stride=1), relu_gain), nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(16 * (size - 2) ** 2, 128), relu_gain), nn.ReLU(),
+        )
+        self.policy = layer_init(nn.Linear(128, num_actions), 0.01)
+        self.value = layer_init(nn.Linear(128, 1), 1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.trunk(obs.permute(0, 3, 1, 2).float())
+        return self.policy(hidden), self.value(hidden).squeeze(-1)
+
+
 class MLPActorCritic(nn.Module):
     """Separate actor and critic MLPs (two tanh layers each).
 
@@ -75,7 +99,8 @@ class MLPActorCritic(nn.Module):
 
 def make_model(obs_space: gym.Space, action_space: gym.Space) -> nn.Module:
     """Pick the network from the (single-env) spaces: uint8 image stacks get the Nature CNN,
-    anything else with a Box observation gets the MLP. A2C here is categorical only."""
+    MinAtar's boolean (10, 10, C) grids its paper's small CNN, anything else with a Box
+    observation the MLP. A2C here is categorical only."""
     if not isinstance(action_space, gym.spaces.Discrete):
         raise ValueError(f"A2C here needs a Discrete action space, got {action_space}")
     if not isinstance(obs_space, gym.spaces.Box):
@@ -83,6 +108,8 @@ def make_model(obs_space: gym.Space, action_space: gym.Space) -> nn.Module:
     num_actions = int(action_space.n)
     if obs_space.dtype == "uint8" and len(obs_space.shape) == 3:
         return AtariActorCritic(num_actions, in_channels=obs_space.shape[0])
+    if obs_space.dtype == bool and len(obs_space.shape) == 3 and obs_space.shape[0] == obs_space.shape[1]:
+        return MinAtarActorCritic(obs_space.shape[2], num_actions, size=obs_space.shape[0])
     return MLPActorCritic(math.prod(obs_space.shape), num_actions)
 
 

@@ -1,0 +1,320 @@
+"""What every study shares: cells run through the real launcher, resumably, and judged one way.
+
+A *cell* is one (setting, seed) of a study: one ``launch.run`` (or, for independent agents,
+n single-agent runs started side by side on the same cores). When it finishes, its row goes to
+``<out>/cells/<setting>__seed<k>.json`` and its learning curves to ``<out>/curves/``; a cell
+whose row exists is never run again, so a study killed half-way continues where it stopped.
+Run dirs (checkpoints, TensorBoard) stay under ``<out>/runs/``, which is not committed.
+
+How cells are judged, the same way in every study:
+
+* budget: every setting gets the same total frames for the whole swarm (split evenly over
+  its agents) on the same cores, so "equal frames" is exact; "equal wall-clock" is read off
+  the curves at the time the fastest setting of the study finished.
+* score: each agent's own mean return over its last 100 training episodes (``agents_mean``:
+  their mean, ``agents_min``: the worst agent); ``solved`` (only where the env has a
+  threshold) means every agent's own last-100 mean reached it, never a pool of all agents.
+* consensus: the policy with the agents' averaged final parameters, played for
+  ``eval_episodes`` fresh episodes (``gossiprl.consensus``), beside each agent's own final
+  policy played the same way.
+* over seeds: mean and a 95 % Student-t interval.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+import shutil
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from gossiprl import launch
+from gossiprl.a2c import A2CConfig
+from gossiprl.agent import AgentConfig
+from gossiprl.consensus import evaluate_consensus
+
+QUICK_ENV = "CartPole-v1"
+REAL_ENV = "MinAtar/Breakout-v1"
+CURVE_ROWS = 40
+"""Rows of metrics.csv per agent: enough points for a curve, few enough to keep results small."""
+
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+"""Two-sided 95 % Student-t quantiles by degrees of freedom (1.96 beyond)."""
+
+
+@dataclass
+class Cell:
+    setting: str
+    """Name of the setting as the legend and the table show it, e.g. 'ring, 4 agents'."""
+    seed: int
+    agents: int
+    total_frames: int
+    """For the whole swarm; each agent gets total_frames // agents."""
+    swarm: launch.SwarmConfig | None
+    """None: independent agents (no gossip), each a plain A2C run with the seed its rank would have."""
+    a2c: A2CConfig = field(default_factory=A2CConfig)
+    gossip_every: int = 1
+    labels: dict = field(default_factory=dict)
+    """Extra columns for the table (topology, mode, staleness, ...)."""
+    runner: Callable[["Cell", AgentConfig, Path], tuple[list[dict], float]] | None = None
+    """Runs the swarm some other way than ``launch.run`` (agents in network namespaces): gets the
+    cell, the agents' config and the run dir, returns (each agent's summary, wall-clock seconds)."""
+
+    @property
+    def key(self) -> str:
+        return cell_key(self.setting, self.seed)
+
+
+def cell_key(setting: str, seed: int) -> str:
+    """File name of a cell: the setting with anything but letters, digits, - and _ made '-'."""
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in setting) + f"__seed{seed}"
+
+
+def ci95(values) -> tuple[float, float]:
+    """(mean, half-width of the 95 % t interval); the half-width is nan for one value."""
+    values = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
+    if len(values) == 0:
+        return math.nan, math.nan
+    if len(values) == 1:
+        return float(values[0]), math.nan
+    t = T_975.get(len(values) - 1, 1.96)
+    return float(values.mean()), float(t * values.std(ddof=1) / math.sqrt(len(values)))
+
+
+def run_study(cells: list[Cell], out: Path, env_id: str, threshold: float | None, eval_episodes: int,
+              echo=print, shared: Path | None = None) -> list[dict]:
+    """Run every cell not yet finished, one after the other; return all rows (old and new).
+
+    ``shared`` (default: ``<out>/../_shared``) holds every finished cell under a fingerprint of
+    what was run, so a cell two studies share (a 4-agent sync ring with default batch is in
+    four of them) runs once and is reused, renamed to each study's setting."""
+    out = Path(out)
+    shared = Path(shared) if shared is not None else out.parent / "_shared"
+    for folder in (out / "cells", out / "curves", shared):
+        folder.mkdir(parents=True, exist_ok=True)
+    seeds = list(dict.fromkeys(c.seed for c in cells))
+    # seed by seed, every setting once per round: the load other jobs put on the shared cores
+    # drifts over the hours a study runs, and this spreads it over the settings alike
+    cells = sorted(cells, key=lambda c: seeds.index(c.seed))
+    for k, cell in enumerate(cells, 1):
+        row_path = out / "cells" / f"{cell.key}.json"
+        if row_path.exists():
+            echo(f"[{k}/{len(cells)}] {cell.setting}, seed {cell.seed}: done before, kept")
+            continue
+        fingerprint = cell_fingerprint(cell, env_id, eval_episodes)
+        if (shared / f"{fingerprint}.json").exists():
+            row = {**json.loads((shared / f"{fingerprint}.json").read_text()), "setting": cell.setting, **cell.labels}
+            shutil.copyfile(shared / f"{fingerprint}.csv", out / "curves" / f"{cell.key}.csv")
+            note = " (same run as in another study, reused)"
+        else:
+            row = run_cell(cell, out, env_id, threshold, eval_episodes)
+            shutil.copyfile(out / "curves" / f"{cell.key}.csv", shared / f"{fingerprint}.csv")
+            _write_json(shared / f"{fingerprint}.json", row)
+            note = ""
+        _write_json(row_path, row)
+        echo(f"[{k}/{len(cells)}] {describe(row)}{note}")
+    return load_rows(out, cells)
+
+
+def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
+    what = {"env": env_id, "eval_episodes": eval_episodes, "seed": cell.seed, "agents": cell.agents,
+            "total_frames": cell.total_frames, "swarm": asdict(cell.swarm) if cell.swarm else None,
+            "a2c": asdict(cell.a2c), "gossip_every": cell.gossip_every,
+            "runner": cell.runner.__name__ if cell.runner else None}
+    return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _write_json(path: Path, value) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=2))
+    os.replace(tmp, path)
+
+
+def describe(row: dict) -> str:
+    solved = "" if row["solved"] is None else f"  solved(all agents) {'yes' if row['solved'] else 'no'}"
+    return (f"{row['setting']}, seed {row['seed']}: {row['frames'] / 1e6:.3f}M frames in {row['wall_s']:.0f}s "
+            f"({row['fps']:.0f} frames/s)  agents' last-100 mean {row['agents_mean']:.2f} (worst {row['agents_min']:.2f})"
+            f"  consensus eval {row['consensus_eval']:.2f}  gossip {100 * row['gossip_share']:.0f}%{solved}")
+
+
+def load_rows(out: Path, cells: list[Cell] | None = None) -> list[dict]:
+    """The finished rows, in the order of ``cells`` when given (missing cells are left out)."""
+    rows = {p.stem: json.loads(p.read_text()) for p in sorted((Path(out) / "cells").glob("*.json"))}
+    if cells is None:
+        return list(rows.values())
+    return [rows[c.key] for c in cells if c.key in rows]
+
+
+def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_episodes: int) -> dict:
+    run_dir = out / "runs" / cell.key
+    if run_dir.exists():  # a cell cut short last time: its partial run is not a result
+        shutil.rmtree(run_dir)
+    per_agent = cell.total_frames // cell.agents
+    updates = max(1, per_agent // (cell.a2c.n_steps * cell.a2c.num_envs))
+    agent_cfg = AgentConfig(env_id=env_id, seed=cell.seed, total_frames=per_agent, a2c=cell.a2c,
+                            gossip_every=cell.gossip_every, log_every=max(1, updates // CURVE_ROWS),
+                            checkpoint_every=10 ** 9, agents=cell.agents, device="cpu")
+    start = time.perf_counter()
+    if cell.swarm is None:
+        summaries = _run_independent(cell.agents, agent_cfg, run_dir)
+        wall = time.perf_counter() - start
+        agent_dirs = [run_dir / f"indep-{r}" / "agent-0" for r in range(cell.agents)]
+        gossip_share = 0.0
+    elif cell.runner is not None:
+        summaries, wall = cell.runner(cell, agent_cfg, run_dir)
+        agent_dirs = [run_dir / f"agent-{r}" for r in range(cell.agents)]
+        gossip_share = sum(s["gossip_s"] for s in summaries) / sum(s["wall_seconds"] for s in summaries)
+    else:
+        summary = launch.run(cell.swarm, agent_cfg, run_dir, show_progress=False, echo=lambda *a: None)
+        wall = summary["wall_seconds"]
+        summaries = [summary["per_agent"][r] for r in sorted(summary["per_agent"])]
+        if summary["failed"]:
+            raise RuntimeError(f"{cell.setting} seed {cell.seed}: agents failed: {summary['failed']}")
+        agent_dirs = [run_dir / f"agent-{r}" for r in range(cell.agents)]
+        gossip_share = summary["gossip_share"]
+    checkpoints = [d / "checkpoint.pt" for d in agent_dirs]
+    agent_evals = [evaluate_consensus([c], episodes=eval_episodes)["mean"] for c in checkpoints]  # one agent alone
+    consensus = evaluate_consensus(checkpoints, episodes=eval_episodes)
+    means = [s["mean_return"] for s in summaries]
+    curves = _write_curves(agent_dirs, out / "curves" / f"{cell.key}.csv")
+    split = _time_split(summaries, curves)
+    return {
+        "setting": cell.setting, "seed": cell.seed, "agents": cell.agents, **cell.labels,
+        "n_steps": cell.a2c.n_steps, "num_envs": cell.a2c.num_envs, "gossip_every": cell.gossip_every,
+        "frames": int(sum(s["frames"] for s in summaries)), "wall_s": wall,
+        "fps": sum(s["frames"] for s in summaries) / wall,
+        "agents_mean": float(np.mean(means)), "agents_min": float(np.min(means)), "agents_max": float(np.max(means)),
+        "per_agent_last100": means,
+        "per_agent_eval": agent_evals,
+        "agents_eval_mean": float(np.mean(agent_evals)),
+        "consensus_eval": consensus["mean"], "consensus_eval_std": consensus["std"],
+        "eval_episodes": eval_episodes,
+        "solved": None if threshold is None else bool(min(means) >= threshold),
+        "consensus_solved": None if threshold is None else bool(consensus["mean"] >= threshold),
+        "gossip_share": gossip_share,
+        **split,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _run_independent(n: int, agent_cfg: AgentConfig, run_dir: Path) -> list[dict]:
+    """n plain A2C runs at once, agent r seeded seed + r as rank r of a swarm would be, each
+    with the torch threads a swarm's agent would get, so they share the cores as a swarm does."""
+    threads = max(1, (os.cpu_count() or 1) // n)
+    results: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def one(r: int) -> None:
+        try:
+            cfg = replace(agent_cfg, seed=agent_cfg.seed + r, torch_threads=threads)
+            results[r] = launch.run(launch.SwarmConfig(agents=1, topology=None), cfg, run_dir / f"indep-{r}",
+                                    show_progress=False, echo=lambda *a: None)["per_agent"][0]
+        except BaseException as err:  # re-raised below, in the caller's thread
+            errors.append(err)
+
+    workers = [threading.Thread(target=one, args=(r,), name=f"indep-{r}") for r in range(n)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
+    return [results[r] for r in range(n)]
+
+
+def _write_curves(agent_dirs: list[Path], path: Path) -> list[dict]:
+    rows = []
+    for rank, agent_dir in enumerate(agent_dirs):
+        with open(agent_dir / "metrics.csv", newline="") as f:
+            for r in csv.DictReader(f):
+                if r["mean_return_100"]:
+                    rows.append({"agent": rank, "frames": int(r["frames"]), "wall_s": float(r["wall_s"]),
+                                 "mean_return_100": float(r["mean_return_100"]),
+                                 "wait_s": float(r.get("gossip/wait_s") or 0.0),
+                                 "mix_s": float(r.get("gossip/mix_s") or 0.0)})
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, ["agent", "frames", "wall_s", "mean_return_100", "wait_s", "mix_s"])
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+    return rows
+
+
+def _time_split(summaries: list[dict], curves: list[dict]) -> dict:
+    """Seconds per agent (averaged over agents) in rollout, learn, gossip wait and mix.
+
+    The agent times rollout, learn and the whole gossip exchange; the exchange is split into
+    waiting (send, the turn lock and the transfer, which the client does not tell apart) and
+    mixing by the ratio of the per-exchange samples in metrics.csv."""
+    wait = sum(r["wait_s"] for r in curves)
+    mix = sum(r["mix_s"] for r in curves)
+    mix_fraction = mix / (wait + mix) if wait + mix > 0 else 0.0
+    gossip = float(np.mean([s.get("gossip_s", 0.0) for s in summaries]))
+    return {"rollout_s": float(np.mean([s["rollout_s"] for s in summaries])),
+            "learn_s": float(np.mean([s["learn_s"] for s in summaries])),
+            "gossip_wait_s": gossip * (1 - mix_fraction), "mix_s": gossip * mix_fraction}
+
+
+def read_curves(out: Path, key: str) -> list[dict]:
+    with open(Path(out) / "curves" / f"{key}.csv", newline="") as f:
+        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def swarm_curve(rows: list[dict], x: str, grid: np.ndarray, agents: int, hold_last: bool = False) -> np.ndarray:
+    """Mean over agents of each agent's last-100 mean, interpolated on ``grid``.
+
+    x = 'frames': grid is in swarm frames (agent frames x agents); x = 'wall_s': seconds.
+    Past an agent's last row the curve holds its last value only up to the grid point where
+    it finished; beyond the end of the run it is nan (no extrapolation), unless ``hold_last``:
+    then an agent that had spent its budget keeps its final value (it had nothing left to do)."""
+    per_agent = []
+    for a in sorted({int(r["agent"]) for r in rows}):
+        pts = sorted((r[x] * (agents if x == "frames" else 1), r["mean_return_100"]) for r in rows
+                     if int(r["agent"]) == a)
+        xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+        curve = np.interp(grid, xs, ys, left=np.nan, right=ys[-1] if hold_last else np.nan)
+        curve[(grid > xs[-1]) & (grid <= xs[-1] * 1.001)] = ys[-1]
+        per_agent.append(curve)
+    if not per_agent:
+        return np.full_like(grid, np.nan)
+    with warnings.catch_warnings():  # grid points no agent reached stay nan, as intended
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(np.vstack(per_agent), axis=0)
+
+
+def aggregate(rows: list[dict], settings: list[str], metrics: tuple[str, ...]) -> list[dict]:
+    """One row per setting: seeds, and mean +- 95 % half-width of each metric."""
+    table = []
+    for setting in settings:
+        mine = [r for r in rows if r["setting"] == setting]
+        if not mine:
+            continue
+        entry = {"setting": setting, "seeds": len(mine)}
+        for m in metrics:
+            entry[m], entry[f"{m}_ci"] = ci95([r[m] for r in mine if r.get(m) is not None])
+        if mine[0]["solved"] is not None:
+            entry["solved"] = f"{sum(r['solved'] for r in mine)}/{len(mine)}"
+        table.append(entry)
+    return table
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    tmp = Path(path).with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
+    os.replace(tmp, path)

@@ -1,0 +1,89 @@
+"""One figure per study: score vs frames and vs wall-clock, mean over seeds with a shaded 95 % interval,
+and (where asked) the per-iteration time split as stacked bars. Rendered on an Agg canvas (headless)."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from experiments.common import T_975, cell_key, read_curves, swarm_curve
+
+GRID_POINTS = 150
+
+
+def _band(curves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and 95 % t half-width over seeds (rows), ignoring seeds that have no value there."""
+    count = np.sum(~np.isnan(curves), axis=0)
+    with warnings.catch_warnings():  # grid points no seed reached stay nan, as intended
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(curves, axis=0)
+        std = np.nanstd(curves, axis=0, ddof=1) if curves.shape[0] > 1 else np.zeros_like(mean)
+    t = np.array([T_975.get(int(c) - 1, 1.96) if c > 1 else np.nan for c in count])
+    return mean, np.where(count > 1, t * std / np.sqrt(np.maximum(count, 1)), 0.0)
+
+
+def study_figure(out: Path, rows: list[dict], settings: list[str], path: Path, title: str, env_id: str,
+                 time_split: bool = False, threshold: float | None = None) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = 3 if time_split else 2
+    fig = Figure(figsize=(6 * panels, 4.8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, panels)
+    present = [s for s in settings if any(r["setting"] == s for r in rows)]
+    max_frames = max(r["frames"] for r in rows)
+    max_wall = max(float(row["wall_s"]) for r in rows for row in read_curves(out, cell_key(r["setting"], r["seed"])))
+    grids = {"frames": np.linspace(0, max_frames, GRID_POINTS), "wall_s": np.linspace(0, max_wall, GRID_POINTS)}
+    for k, setting in enumerate(present):
+        mine = [r for r in rows if r["setting"] == setting]
+        color = f"C{k % 10}"
+        for ax, x in zip(axes, ("frames", "wall_s")):
+            grid = grids[x]
+            # vs wall-clock a seed that has spent its frames keeps its final score, so the mean does not
+            # jump when the fastest seed stops (and it matches the table's equal-wall-clock score)
+            curves = np.vstack([swarm_curve(read_curves(out, cell_key(r['setting'], r['seed'])), x, grid, r["agents"],
+                                            hold_last=x == "wall_s") for r in mine])
+            mean, half = _band(curves)
+            xs = grid / 1e6 if x == "frames" else grid
+            ax.plot(xs, mean, color=color, label=f"{setting} (n={len(mine)} seeds)")
+            ax.fill_between(xs, mean - half, mean + half, color=color, alpha=0.2, linewidth=0)
+    for ax, x in zip(axes, ("frames", "wall_s")):
+        ax.set_xlabel("frames, whole swarm (M)" if x == "frames" else "wall-clock of training on the same 2 cores (s), after start-up")
+        ax.set_ylabel("episode return (mean of agents' last-100 means)")
+        ax.set_title("score vs frames" if x == "frames" else
+                     "score vs wall-clock (finished seeds hold their last score)")
+        ax.ticklabel_format(axis="x", style="plain", useOffset=False)
+        if threshold is not None:
+            ax.axhline(threshold, color="gray", linestyle=":", linewidth=1, label=f"threshold {threshold:g}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="best")
+    if time_split:
+        _time_split_bars(axes[2], rows, present)
+    fig.suptitle(f"{title} — {env_id}; shaded: 95 % t-interval over seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _time_split_bars(ax, rows: list[dict], settings: list[str]) -> None:
+    """Seconds per update of one agent, mean over seeds, split into the loop's phases."""
+    parts = [("rollout_s", "rollout"), ("learn_s", "learn"), ("gossip_wait_s", "gossip wait + transfer"),
+             ("mix_s", "mix")]
+    bottom = np.zeros(len(settings))
+    for k, (key, label) in enumerate(parts):
+        values = []
+        for setting in settings:
+            mine = [r for r in rows if r["setting"] == setting]
+            values.append(np.mean([1e3 * r[key] / updates_per_agent(r) for r in mine]))
+        ax.bar(range(len(settings)), values, bottom=bottom, label=label, color=f"C{k}")
+        bottom += np.array(values)
+    ax.set_xticks(range(len(settings)), settings, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("ms per update of one agent")
+    ax.set_title("per-iteration time split (mean over seeds)")
+    ax.legend(fontsize=7)
+
+
+def updates_per_agent(row: dict) -> float:
+    return max(1.0, row["frames"] / row["agents"] / (row["n_steps"] * row["num_envs"]))
+

@@ -1,0 +1,98 @@
+"""Every study's --quick runs end to end through the real launcher, resumes without re-running
+a finished cell, and RESULTS.md is generated from what the studies wrote.
+
+The studies share one results dir, so cells two studies have in common (the 4-agent sync ring
+and the independent agents) run once: seven real CartPole cells in all, one seed each (the layout
+study's netns cell only where root can make network namespaces)."""
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from experiments import batch_period, layout, make_results, ordering_ablation, scaling, topology_ablation
+from experiments.common import ci95, swarm_curve
+
+FRAMES = "8000"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return tmp_path_factory.mktemp("results")
+
+
+def run_quick(module, out):
+    result = CliRunner().invoke(module.main, ["--quick", "--seeds", "1", "--frames", FRAMES, "--out", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.timeout(300)
+def test_ordering_quick_runs_every_cell_then_resumes_without_rerunning(results):
+    out = results / "ordering_ablation"
+    first = run_quick(ordering_ablation, out)
+    assert first.count("consensus eval") >= 2 and "seed 1:" in first
+    rows = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
+    assert {r["setting"] for r in rows} == {"sync (turn locks)", "none (independent)"}
+    for r in rows:
+        assert r["frames"] >= int(FRAMES) - 4 * 80 and len(r["per_agent_last100"]) == 4
+        assert r["agents_min"] <= r["agents_mean"] <= r["agents_max"]
+        assert r["solved"] is (r["agents_min"] >= 475)
+    sync = next(r for r in rows if r["mode"] == "sync")
+    indep = next(r for r in rows if r["mode"] == "none")
+    assert sync["gossip_share"] > 0 and indep["gossip_share"] == 0
+    assert (out / "figure.png").stat().st_size > 10_000
+    assert (out / "results.csv").read_text().count("\n") == 3
+
+    second = run_quick(ordering_ablation, out)
+    assert second.count("done before, kept") == 2
+
+
+@pytest.mark.timeout(400)
+def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(results):
+    topology = run_quick(topology_ablation, results / "topology_ablation")
+    assert topology.count("reused") == 2  # ring-4 and independent-4 ran in the ordering study
+    batch = run_quick(batch_period, results / "batch_period")
+    assert batch.count("reused") == 1
+    run_quick(scaling, results / "scaling")
+    scaling_rows = [json.loads(p.read_text()) for p in (results / "scaling" / "cells").glob("*.json")]
+    assert sorted(r["agents"] for r in scaling_rows) == [1, 2]
+    for r in scaling_rows:
+        # one agent has no gossip: what its loop times there is the skipped branch, microseconds
+        assert r["rollout_s"] > 0 and r["learn_s"] > 0 and (r["agents"] == 1) == (r["gossip_wait_s"] < 0.01)
+
+    run_quick(layout, results / "layout")
+    layouts = {json.loads(p.read_text())["layout"] for p in (results / "layout" / "cells").glob("*.json")}
+    assert layouts == ({"one host"} if layout.netns_unavailable() else {"one host", "netns"})
+
+    output = results / "RESULTS.md"
+    result = CliRunner().invoke(make_results.main, ["--results", str(results), "--output", str(output)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    text = output.read_text()
+    for title in ("Ordering ablation", "Topology ablation", "Agent-count scaling", "Batch size and gossip period",
+                  "Layout: one host vs network-namespace hosts"):
+        assert f"## {title}" in text
+    assert "Missing cells" not in text  # --quick plans exactly the cells it ran
+    assert "untestable (one seed, no interval)" in text and "**agrees**" not in text
+
+
+def test_study_help_runs_as_a_script():
+    done = subprocess.run([sys.executable, "-m", "experiments.scaling", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "--quick" in done.stdout
+
+
+def test_t_interval_and_curve_interpolation():
+    mean, half = ci95([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / 3 ** 0.5, rel=1e-3)
+    assert ci95([5.0])[1] != ci95([5.0])[1]  # nan: one seed has no interval
+    rows = [{"agent": 0, "frames": 100, "wall_s": 1.0, "mean_return_100": 10.0},
+            {"agent": 0, "frames": 200, "wall_s": 2.0, "mean_return_100": 20.0},
+            {"agent": 1, "frames": 100, "wall_s": 1.0, "mean_return_100": 30.0},
+            {"agent": 1, "frames": 200, "wall_s": 2.0, "mean_return_100": 40.0}]
+    import numpy as np
+    curve = swarm_curve(rows, "frames", np.array([300.0, 400.0, 900.0]), agents=2)  # swarm frames = 2 x agent frames
+    assert curve[0] == pytest.approx(25.0) and curve[1] == pytest.approx(30.0) and np.isnan(curve[2])
