@@ -3,13 +3,15 @@ average agents of different envs; the launcher's summary shows per-agent and poo
 import pytest
 import torch
 
+from gossiprl.agent import CheckpointError, save_checkpoint
 from gossiprl.consensus import average_checkpoints, evaluate_consensus
 
 
 def write_checkpoint(path, env_id, weight):
     path.parent.mkdir(parents=True)
-    torch.save({"model": {"w": torch.full((2, 3), weight), "steps": torch.tensor(4)},
-                "config": {"env_id": env_id}, "counters": {"frames": 0}}, path)
+    assert save_checkpoint(path, {"model": {"w": torch.full((2, 3), weight), "steps": torch.tensor(4)},
+                                  "optimizer": {}, "config": {"env_id": env_id},
+                                  "counters": {"updates": 0, "frames": 0, "episodes": 0, "wall_s": 0.0}})
     return path
 
 
@@ -33,3 +35,12 @@ def test_agents_of_different_envs_are_not_averaged(tmp_path):
 def test_a_run_dir_without_checkpoints_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint.pt"):
         evaluate_consensus(tmp_path)
+
+
+def test_a_tampered_checkpoint_is_refused_not_averaged(tmp_path):
+    paths = [write_checkpoint(tmp_path / f"agent-{r}" / "checkpoint.pt", "CartPole-v1", 1.0) for r in range(2)]
+    state = torch.load(paths[1], weights_only=True)
+    state["model"]["w"] += 1e3
+    torch.save(state, paths[1])
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        average_checkpoints(paths)
