@@ -245,11 +245,12 @@ def _rounds(clients, k, x):
     assert not any(t.is_alive() for t in threads), "a round hung"
 
 
-def test_a_broker_restart_keeps_the_references_and_relearns_the_relayed_edges():
+def test_a_broker_restart_keeps_the_references_and_relearns_the_relayed_edges(tmp_path):
     """The segments are the agents', so their references outlive the broker; the new broker does not
     know which edges were relayed, so the reader that cannot map its writer must say so again."""
     x = np.ones(64, np.float32)
-    broker = Broker(topologies.make("ring", 2), data_plane="shm").start()
+    # ipc, not tcp: between close and restart another socket on the host may take a freed tcp port
+    broker = Broker(topologies.make("ring", 2), bind=f"ipc://{tmp_path}/broker", data_plane="shm").start()
     clients = [GossipClient(broker.address, r, timeout=20, **FAST) for r in (0, 1)]
     try:
         _elsewhere(1)(clients)
