@@ -10,7 +10,6 @@ without them only the one-host setting runs, and the study says why.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -24,6 +23,7 @@ import click
 
 from experiments.common import Cell
 from experiments.study import Study, command
+from gossiprl import bench_scale
 from gossiprl.agent import AgentConfig
 from gossiprl.launch import SwarmConfig
 
@@ -40,29 +40,21 @@ def _sh(*cmd, check=True):
 
 
 def netns_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to make network namespaces"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "needs iproute2 (ip, tc)"
-    probe = f"gx-probe-{uuid.uuid4().hex[:6]}"
-    made = _sh("ip", "netns", "add", probe, check=False)
-    if made.returncode:
-        return f"'ip netns add' is not allowed here: {made.stderr.strip()}"
-    _sh("ip", "netns", "del", probe, check=False)
-    return None
+    return bench_scale.unavailable("the layout study")
 
 
 @contextmanager
-def namespaces():
-    """A broker host and two agent hosts, each agent host on its own shaped veth link to the broker's."""
+def namespaces(links=LINKS, prefix: str = "gx"):
+    """A broker host and agent hosts (``links``: host -> (broker-side ip, agent-side ip)), each agent
+    host on its own 1 Gbit/s veth link to the broker's; all removed on exit."""
     tag = uuid.uuid4().hex[:6]
-    names = {"broker": f"gx-{tag}-broker", "a": f"gx-{tag}-a", "b": f"gx-{tag}-b"}
+    names = {"broker": f"{prefix}-{tag}-broker", **{host: f"{prefix}-{tag}-{host}" for host in links}}
     try:
         for ns in names.values():
             _sh("ip", "netns", "add", ns)
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        for host, (broker_ip, agent_ip) in LINKS.items():
-            near, far = f"xb{tag}{host}", f"xa{tag}{host}"
+        for host, (broker_ip, agent_ip) in links.items():
+            near, far = f"{prefix[-1]}b{tag}{host}", f"{prefix[-1]}a{tag}{host}"
             _sh("ip", "link", "add", near, "netns", names["broker"], "type", "veth", "peer", "name", far,
                 "netns", names[host])
             for ns, dev, ip in ((names["broker"], near, broker_ip), (names[host], far, agent_ip)):

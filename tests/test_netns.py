@@ -7,16 +7,15 @@ non-loopback address, so it runs with CURVE keys. Mid-run, rank 2's process is k
 restarted with --resume; every agent must finish its budget.
 """
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
+from experiments.layout import namespaces
 from gossiprl import bench_scale
 
 PORT = 5555
@@ -25,34 +24,13 @@ LINKS = {"a": ("10.231.1.1", "10.231.1.2"), "b": ("10.231.2.1", "10.231.2.2")}
 that exist only inside the namespaces this test makes."""
 
 
-def _sh(*cmd, check=True):
-    return subprocess.run(cmd, capture_output=True, text=True, check=check)
-
-
 @pytest.fixture
 def hosts():
     reason = bench_scale.unavailable("the netns test")
     if reason:
         pytest.skip(reason)
-    tag = uuid.uuid4().hex[:6]
-    names = {"broker": f"gr-{tag}-broker", "a": f"gr-{tag}-a", "b": f"gr-{tag}-b"}
-    try:
-        for ns in names.values():
-            _sh("ip", "netns", "add", ns)
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        for host, (broker_ip, agent_ip) in LINKS.items():
-            near, far = f"gb{tag}{host}", f"ga{tag}{host}"
-            _sh("ip", "link", "add", near, "netns", names["broker"], "type", "veth", "peer", "name", far,
-                "netns", names[host])
-            for ns, dev, ip in ((names["broker"], near, broker_ip), (names[host], far, agent_ip)):
-                _sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-                _sh("ip", "-n", ns, "link", "set", dev, "up")
-                _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                    "rate", "1gbit", "burst", "256kb", "latency", "20ms")
+    with namespaces(LINKS, prefix="gr") as names:
         yield names
-    finally:
-        for ns in names.values():
-            _sh("ip", "netns", "del", ns, check=False)
 
 
 def _in(ns, *args, **kw):
