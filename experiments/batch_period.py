@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from experiments.common import Cell
 from experiments.study import Study, command
-from gossiprl.a2c import A2CConfig
+from gossiprl.rl.a2c import A2CConfig
 from gossiprl.launch import SwarmConfig
 
 AGENTS = 4

@@ -15,7 +15,7 @@ How cells are judged, the same way in every study:
   their mean, ``agents_min``: the worst agent); ``solved`` (only where the env has a
   threshold) means every agent's own last-100 mean reached it, never a pool of all agents.
 * consensus: the policy with the agents' averaged final parameters, played for
-  ``eval_episodes`` fresh episodes (``gossiprl.consensus``), beside each agent's own final
+  ``eval_episodes`` fresh episodes (``gossiprl.rl.consensus``), beside each agent's own final
   policy played the same way.
 * over seeds: mean and a 95 % Student-t interval.
 """
@@ -37,9 +37,9 @@ from typing import Callable
 import numpy as np
 
 from gossiprl import launch
-from gossiprl.a2c import A2CConfig
-from gossiprl.agent import AgentConfig
-from gossiprl.consensus import evaluate_consensus
+from gossiprl.rl.a2c import A2CConfig
+from gossiprl.rl.agent import AgentConfig
+from gossiprl.rl.consensus import evaluate_consensus
 
 QUICK_ENV = "CartPole-v1"
 REAL_ENV = "MinAtar/Breakout-v1"

@@ -1,7 +1,7 @@
 """Layout (PALA paper Fig. 5): the same 4-agent sync ring with every agent on one host, or spread
 over two network-namespace "hosts" (2 agents each) whose links to the broker's host are shaped
 to 1 Gbit/s, as the paper's cluster. Both talk tcp; the spread one with CURVE keys, as any
-broker on a non-loopback address must. Needs root and iproute2 (as tests/test_netns.py);
+broker on a non-loopback address must. Needs root and iproute2 (as tests/integration/test_netns.py);
 without them only the one-host setting runs, and the study says why.
 
     sudo python -m experiments.layout            # MinAtar Breakout, 3 seeds
@@ -23,8 +23,8 @@ import click
 
 from experiments.common import Cell
 from experiments.study import Study, command
-from gossiprl import bench_scale
-from gossiprl.agent import AgentConfig
+from gossiprl.bench import scale as bench_scale
+from gossiprl.rl.agent import AgentConfig
 from gossiprl.launch import SwarmConfig
 
 AGENTS = 4

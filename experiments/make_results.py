@@ -27,7 +27,7 @@ NOTES = {
                "agent runs 2 intra-op threads and each agent of a swarm 1; on cores other jobs also load, "
                "those 2 threads wait on each other, which is part of what the time split shows.",
     "layout": "The spread layout runs the agents as `gossiprl agent` commands in network namespaces (as "
-              "tests/test_netns.py does): a broker host and two agent hosts with 2 agents each, every link "
+              "tests/integration/test_netns.py does): a broker host and two agent hosts with 2 agents each, every link "
               "shaped with tc to 1 Gbit/s; the same two cores serve all of them.",
     "topology_ablation": "The ring and independent 4-agent cells are the ordering study's runs, reused (same "
                          "configuration and seeds); they ran earlier in the session, when other jobs loaded the "

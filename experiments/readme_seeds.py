@@ -20,7 +20,7 @@ import click
 
 from experiments.common import write_csv
 from experiments.study import RESULTS
-from gossiprl.consensus import evaluate_consensus
+from gossiprl.rl.consensus import evaluate_consensus
 
 THRESHOLD = 475.0
 

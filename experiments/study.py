@@ -21,7 +21,7 @@ import numpy as np
 
 from experiments.common import (QUICK_ENV, REAL_ENV, Cell, aggregate, cell_key, read_curves, run_study,
                                 swarm_curve, write_csv)
-from gossiprl.envs import env_spec
+from gossiprl.rl.envs import env_spec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METRICS = ("agents_mean", "agents_min", "agents_eval_mean", "consensus_eval", "score_at_equal_wall",

@@ -1,16 +1,18 @@
 """gossiprl: a ZeroMQ message-passing runtime for gossip-based distributed deep RL.
 
-The comms layer is importable without torch or gymnasium::
+The package is laid out by layer, each importing only from the ones before it:
+``topologies`` (a package of its own: mixing matrices) -> ``gossiprl.comms`` (wire format, turn
+locks, broker, client, data planes, mixing; numpy + pyzmq only) -> ``gossiprl.rl`` (A2C agents,
+envs, models, policies; torch + gymnasium) -> ``launch``, ``cli``, ``config``, ``monitor``,
+``draw`` and ``bench`` on top. The comms API is importable without torch or gymnasium::
 
     from gossiprl import Broker, GossipClient, mix
 
 ``load_policy`` (the RL half) is imported on first use, so ``import gossiprl`` still works
 on the comms-only install.
 """
-from .broker import Broker
-from .client import BrokerUnavailable, GossipClient, GossipError, GossipTimeout, PublishResult
-from .gossip import Gossip, MixResult, load_tensors, mix
-from .wire import PROTOCOL_VERSION, WireError
+from .comms import (PROTOCOL_VERSION, Broker, BrokerUnavailable, Gossip, GossipClient, GossipError, GossipTimeout,
+                    MixResult, PublishResult, WireError, load_tensors, mix)
 
 __version__ = "0.1.0"
 
@@ -21,7 +23,7 @@ __all__ = ["Broker", "GossipClient", "Gossip", "mix", "load_tensors", "MixResult
 
 def __getattr__(name: str):
     if name == "load_policy":
-        from .policy import load_policy
+        from .rl.policy import load_policy
 
         return load_policy
     raise AttributeError(f"module 'gossiprl' has no attribute {name!r}")

@@ -92,7 +92,7 @@ def main(verbose: int) -> None:
 def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, extra, mode, max_staleness,
            peer_timeout, stats_every, curve_secret, curve_allow, insecure, data_plane, metrics_port, metrics_bind):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
-    from .broker import Broker
+    from .comms.broker import Broker
 
     topo = load_topology(topology_spec, agents, peers, time_varying, peers_per_round, extra)
     if (curve_secret is None) != (curve_allow is None):
@@ -176,7 +176,7 @@ def keys():
               help="Key pair to make, NAME.key (public) and NAME.key_secret (mode 0600); repeat for several.")
 def keys_generate(directory, names):
     """Make CURVE key pairs in DIRECTORY (created with mode 0700; existing keys are never overwritten)."""
-    from . import keys as keyfiles
+    from .comms import keys as keyfiles
 
     for name in names:
         try:
@@ -262,7 +262,7 @@ def bench():
 @click.option("--planes-only", is_flag=True, help="Only the data planes next to GALA-style shm and gloo.")
 def bench_comms(agents, params, rounds, transport, json_path, planes_only):
     """One gossip round: memcpy floor, raw ZeroMQ relay, gossiprl, and the PALA paper's path."""
-    from . import bench_comms as bc
+    from .bench import comms as bc
 
     try:
         ring = [int(a) for a in agents.split(",") if a.strip()]
@@ -270,10 +270,10 @@ def bench_comms(agents, params, rounds, transport, json_path, planes_only):
         raise click.BadParameter(f"{agents!r}: give comma-separated integers like 2,4,8", param_hint="--agents")
     if any(a < 2 for a in ring):
         raise click.BadParameter("ring sizes must be >= 2", param_hint="--agents")
-    from . import bench_planes
+    from .bench import planes
 
     result = {} if planes_only else bc.run(ring, params, rounds, transport=transport, echo=click.echo)
-    result["planes"] = bench_planes.run(ring, params, rounds, echo=click.echo)
+    result["planes"] = planes.run(ring, params, rounds, echo=click.echo)
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
         click.echo(f"figures written to {json_path}")
@@ -285,7 +285,7 @@ def bench_comms(agents, params, rounds, transport, json_path, planes_only):
 @click.option("--reps", type=click.IntRange(min=1), default=50, show_default=True)
 def bench_mix(params, reps):
     """Mixing one letter in against a plain axpy over the same bytes, timed alternately in one run."""
-    from . import bench_comms as bc
+    from .bench import comms as bc
 
     rows = []
     for cache in ("hot", "cold"):
@@ -313,7 +313,7 @@ def bench_mix(params, reps):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
 def bench_scale(hosts, rate, params, rounds, plot_path, quick, json_path):
     """Ring round time vs hosts (network namespaces behind shaped links): broker relay vs direct."""
-    from . import bench_scale as bs
+    from .bench import scale as bs
 
     try:
         ns = [int(h) for h in hosts.split(",") if h.strip()]
@@ -345,9 +345,9 @@ def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, d
     """Training frames/s of a swarm next to the raw vector env's rate for the same env count."""
     require_rl("bench train")
     check_device(device)
-    from . import bench_train as bt
-    from .a2c import A2CConfig
-    from .agent import AgentConfig
+    from .bench import train as bt
+    from .rl.a2c import A2CConfig
+    from .rl.agent import AgentConfig
 
     check_env(env_id)
     cfg = AgentConfig(env_id=env_id, agents=agents, device=device, a2c=A2CConfig(num_envs=num_envs))
@@ -412,8 +412,8 @@ def agent_options(fn):
 
 
 def make_agent_config(kw: dict, agents: int):
-    from .a2c import A2CConfig
-    from .agent import AgentConfig
+    from .rl.a2c import A2CConfig
+    from .rl.agent import AgentConfig
 
     a2c = A2CConfig(num_envs=kw["num_envs"], n_steps=kw["n_steps"], lr=kw["lr"], rmsprop_eps=kw["rmsprop_eps"],
                     rmsprop_alpha=kw["rmsprop_alpha"], entropy_coef=kw["entropy_coef"], value_coef=kw["value_coef"],
@@ -462,7 +462,7 @@ def check_device(device: str) -> None:
 
 def check_env(env_id: str):
     """Fail fast, in the launcher, on an env id no agent could make; return the env's solve threshold."""
-    from .envs import env_spec
+    from .rl.envs import env_spec
 
     try:
         return env_spec(env_id)
@@ -583,8 +583,8 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_e
     --total-frames is this agent's own budget here."""
     require_rl("agent")
     from . import launch
-    from .agent import CheckpointError
-    from .keys import client_options
+    from .rl.agent import CheckpointError
+    from .comms.keys import client_options
 
     if (curve_secret is None) != (curve_broker is None):
         raise click.UsageError("--curve-secret and --curve-broker go together (this agent's key and the broker's)")
@@ -629,9 +629,9 @@ def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episod
     """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
     require_rl("eval")
     check_device(device)
-    from .agent import CheckpointError
-    from .consensus import evaluate_consensus
-    from .evaluate import evaluate
+    from .rl.agent import CheckpointError
+    from .rl.consensus import evaluate_consensus
+    from .rl.evaluate import evaluate
 
     try:
         result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device)
@@ -639,7 +639,7 @@ def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episod
     except (FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
     if video_dir is not None:
-        from .policy import load_policy, record_videos
+        from .rl.policy import load_policy, record_videos
 
         for agent in ["consensus", *sorted(result["agents"])]:
             files = record_videos(load_policy(run_dir, agent, device), video_dir, video_episodes,

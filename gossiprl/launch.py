@@ -27,9 +27,9 @@ from pathlib import Path
 
 import topologies
 
-from .broker import Broker
-from .client import BrokerUnavailable, GossipClient, GossipError
-from .gossip import Gossip
+from .comms.broker import Broker
+from .comms.client import BrokerUnavailable, GossipClient, GossipError
+from .comms.gossip import Gossip
 
 log = logging.getLogger("gossiprl.launch")
 
@@ -181,7 +181,7 @@ def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None
     """
     if transport == "ipc":
         return f"ipc://{directory}/broker", None, None
-    from . import keys
+    from .comms import keys
 
     keys.generate(directory / "broker", "broker")
     keys.generate(directory / "agents", "agent")
@@ -192,7 +192,7 @@ def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None
 def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, codec, curve, stop, reports):
     """Body of the process ``agent-<rank>``: train, gossiping through the broker at ``address``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; Ctrl-C reaches it
-    from .agent import train
+    from .rl.agent import train
 
     threading.Thread(target=_stop_when_orphaned, args=(stop,), name="orphan-watch", daemon=True).start()
 
@@ -227,7 +227,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     ``metrics_port`` serves the broker's stats on loopback (``gossiprl top``, Prometheus)."""
     from dataclasses import replace
 
-    from .swarmlog import SwarmLog
+    from .rl.swarmlog import SwarmLog
 
     topo = None
     if swarm.agents > 1 or swarm.topology is not None:
@@ -423,7 +423,7 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
     this agent's previous, dead process. Every ``progress_every`` seconds (0: never) it prints a
     progress line, as ``run``'s bar does for a swarm on one host.
     """
-    from .agent import train
+    from .rl.agent import train
 
     deadline = time.monotonic() + connect_timeout
     while True:

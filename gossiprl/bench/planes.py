@@ -1,0 +1,193 @@
+"""Ring rounds of each data plane next to the peers a reader would reach for instead.
+
+Every agent is a process; each round it sends its parameter set to its ring successor, receives
+its predecessor's, and mixes it in. A round's cost is the slowest agent's time for that round
+(the ring moves at its pace); the figure is the median over rounds. All rows run in the same
+invocation, one after the other, so they share whatever else the machine is doing.
+
+The peers, written here in their simplest honest form:
+
+- GALA-style: each agent's letter in a shared-memory buffer, a pair of semaphores per agent
+  (letter full / letter read), mix ``x += m; x *= 0.5`` straight from the buffer;
+- gloo ring: ``torch.distributed`` isend to the successor, recv from the predecessor, same mix;
+- gloo all_reduce: the whole swarm averaged at once (not gossip: the collective baseline).
+
+The gossiprl rows time ``GossipClient.exchange`` plus ``gossip.mix`` (which also checks every
+value is finite and measures the consensus distance), through a Broker in the parent process;
+"shm, axpy mix" mixes with GALA's plain ``x += m; x *= 0.5`` instead: the same work as the
+GALA-style row, so the two tell the transport's cost apart from the mixing's.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+from multiprocessing import shared_memory
+
+import numpy as np
+
+import topologies
+
+from .comms import NATURE_CNN_PARAMS
+from ..comms.broker import Broker
+
+ROWS = ("gala_shm", "gloo_ring", "gloo_allreduce", "broker", "shm", "direct", "shm_axpy")
+LABELS = {"gala_shm": "GALA-style shm+semaphores", "gloo_ring": "gloo ring send/recv",
+          "gloo_allreduce": "gloo all_reduce", "broker": "gossiprl broker relay",
+          "shm": "gossiprl shm", "direct": "gossiprl direct", "shm_axpy": "gossiprl shm, axpy mix"}
+
+
+def _times(step, rounds: int, warmup: int) -> list[float]:
+    out = []
+    for r in range(warmup + rounds):
+        t0 = time.perf_counter()
+        step()
+        if r >= warmup:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def _x(numel: int, rank: int) -> np.ndarray:
+    return np.full(numel, float(rank), np.float32)
+
+
+# ---------------------------------------------------------------- agents (child processes)
+
+def _gala_agent(names, full, read, n, rank, numel, rounds, warmup, out):
+    segs = [shared_memory.SharedMemory(name) for name in names]
+    try:
+        mine = np.ndarray(numel, np.float32, segs[rank].buf)
+        theirs = np.ndarray(numel, np.float32, segs[(rank - 1) % n].buf)
+        x, peer = _x(numel, rank), (rank - 1) % n
+
+        def step():
+            read[rank].acquire()  # my last letter was read
+            np.copyto(mine, x)
+            full[rank].release()
+            full[peer].acquire()
+            x.__iadd__(theirs)
+            x.__imul__(0.5)
+            read[peer].release()
+
+        out.put((rank, _times(step, rounds, warmup)))
+        del mine, theirs
+    finally:
+        for s in segs:
+            s.close()
+
+
+def _gloo_agent(store, n, rank, numel, rounds, warmup, allreduce, out):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=n)
+    x = torch.from_numpy(_x(numel, rank))
+    buf = torch.empty_like(x)
+
+    def ring():
+        send = dist.isend(x, (rank + 1) % n)
+        dist.recv(buf, (rank - 1) % n)
+        send.wait()
+        x.add_(buf).mul_(0.5)
+
+    def allreduce_step():
+        dist.all_reduce(x)
+        x.div_(n)
+
+    try:
+        out.put((rank, _times(allreduce_step if allreduce else ring, rounds, warmup)))
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _gossiprl_agent(address, rank, numel, rounds, warmup, plain_mix, out):
+    from ..comms.client import GossipClient
+    from ..comms.gossip import mix
+
+    x = _x(numel, rank)
+    with GossipClient(address, rank, timeout=120) as client:
+        def step():
+            letters = client.exchange({"params": x})
+            if plain_mix:
+                for letter in letters.values():
+                    x.__iadd__(letter["params"])
+                    x.__imul__(0.5)
+            else:
+                mix({"params": x}, letters, client.last_weights, rank)
+
+        out.put((rank, _times(step, rounds, warmup)))
+        if client.plane_counts.get("torn"):
+            raise RuntimeError("a letter was overwritten while it was mixed")
+
+
+# ---------------------------------------------------------------- harness
+
+def _slowest_median(ctx, target, args_for, n, timeout: float = 600) -> float:
+    """Run n agents; per round the slowest agent's time; the median of that over rounds (seconds)."""
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args_for(r), out), name=f"bench-agent-{r}") for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict(out.get(timeout=timeout) for _ in range(n))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    return statistics.median(max(times) for times in zip(*results.values()))
+
+
+def measure(row: str, n: int, numel: int = NATURE_CNN_PARAMS, rounds: int = 30, warmup: int = 3) -> float:
+    """Median slowest-agent ring round, in seconds, for one row of the table."""
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="gossiprl-bench-") as tmp:
+        if row == "gala_shm":
+            segs = [shared_memory.SharedMemory(create=True, size=numel * 4) for _ in range(n)]
+            try:
+                full = [ctx.Semaphore(0) for _ in range(n)]
+                read = [ctx.Semaphore(1) for _ in range(n)]
+                names = [s.name for s in segs]
+                return _slowest_median(ctx, _gala_agent,
+                                       lambda r: (names, full, read, n, r, numel, rounds, warmup), n)
+            finally:
+                for s in segs:
+                    s.close()
+                    s.unlink()
+        if row in ("gloo_ring", "gloo_allreduce"):
+            store = os.path.join(tmp, "store")
+            return _slowest_median(ctx, _gloo_agent,
+                                   lambda r: (store, n, r, numel, rounds, warmup, row == "gloo_allreduce"), n)
+        plane = row.removesuffix("_axpy")
+        with Broker(topologies.make("ring", n), bind=f"ipc://{tmp}/broker", data_plane=plane).start() as broker:
+            return _slowest_median(ctx, _gossiprl_agent,
+                                   lambda r: (broker.address, r, numel, rounds, warmup, plane != row), n)
+
+
+def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, warmup: int = 3,
+        rows=ROWS, echo=print) -> list[dict]:
+    """The side-by-side table; returns its rows (milliseconds) and echoes them as they come."""
+    echo(f"ring round, exchange + mix, {numel:,} float32 = {numel * 4 / 1e6:.2f} MB per letter, every agent a "
+         f"process, {os.cpu_count()} cores; median over {rounds} rounds of the slowest agent")
+    echo("  agents  " + "  ".join(f"{LABELS[r]:>26s}" for r in rows) + "  shm/GALA  shm/gloo-ring  shm axpy/GALA")
+    table = []
+    for n in agents:
+        line = {"agents": n}
+        for row in rows:
+            line[row] = measure(row, n, numel, rounds, warmup) * 1e3
+        if "shm" in line and "gala_shm" in line:
+            line["shm_over_gala"] = line["shm"] / line["gala_shm"]
+        if "shm_axpy" in line and "gala_shm" in line:
+            line["shm_axpy_over_gala"] = line["shm_axpy"] / line["gala_shm"]
+        if "shm" in line and "gloo_ring" in line:
+            line["shm_over_gloo_ring"] = line["shm"] / line["gloo_ring"]
+        table.append(line)
+        echo(f"  {n:6d}  " + "  ".join(f"{line[r]:23.2f} ms" for r in rows)
+             + (f"  {line['shm_over_gala']:7.2f}x" if "shm_over_gala" in line else "")
+             + (f"  {line['shm_over_gloo_ring']:12.2f}x" if "shm_over_gloo_ring" in line else "")
+             + (f"  {line['shm_axpy_over_gala']:17.2f}x" if "shm_axpy_over_gala" in line else ""))
+    return table

@@ -1,0 +1,615 @@
+"""Data planes: the letter's bytes go agent to agent; the broker keeps only the turn locks.
+
+With ``data_plane`` ``shm``, ``direct`` or ``auto`` a PUBLISH carries the tensor schema and a
+small *reference* (``ref``) instead of the tensor frames, and the broker hands the reference to the
+readers in DELIVER, as opaque as it handles payloads. PROTOCOL.md section 10 is the normative text.
+
+- Each writer owns a :class:`Segment`: an anonymous shared-memory file (``memfd_create``) with
+  ``SLOTS`` slots, each stamped with a seqlock version. Nothing is ever named in /dev/shm, so no
+  crash of any process can leak a segment: the kernel frees it when the last process holding the
+  file or a mapping of it exits. A reader on the same host maps it through
+  ``/proc/<writer pid>/fd/<fd>`` once and reads the tensors straight from it.
+- ``direct``: the writer also serves its slots on a ZeroMQ ROUTER of its own (a
+  :class:`LetterServer` thread); a reader on another host fetches them (:class:`Fetcher`), with
+  CURVE when the swarm uses it.
+
+Why three slots: in sync mode a writer writes letter k+1 only after the ACK of letter k, which
+the broker sends once every reader emptied its mailbox of letter k-1, which a reader does only
+after it finished mixing letter k-2 (it collects again only after mixing). So while a reader may
+still be mixing letter k-1, the writer writes slot (k+1) mod 3 = (k-2) mod 3: never a slot anyone
+reads. ``k`` is the writer's own count of letters, not the round, so it keeps this order across a
+broker restart (which starts rounds again at 0). In async mode nothing holds a writer back, so a
+reader copies the slot and then checks the version: a letter overwritten while copied is dropped
+and counted, never mixed.
+
+This module never imports torch: a CUDA tensor is copied device-to-host once, straight into the
+slot, through the torch module its caller already imported.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import math
+import mmap
+import os
+import socket
+import stat
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Mapping, Sequence
+
+import msgpack
+import numpy as np
+import zmq
+
+from . import keys, wire
+
+log = logging.getLogger("gossiprl.comms.dataplane")
+
+PLANES = ("broker", "shm", "direct", "auto")
+SLOTS = 3
+ALIGN = 64
+MAGIC = b"GRPSHM01"
+HEADER_BYTES = 64
+"""Segment header: magic (8 bytes), token (16), slots (u64), slot_bytes (u64), pid (u64), zero padding."""
+SLOT_HEADER_BYTES = 64
+"""Slot header: version (u64; odd while being written), round (i64), zero padding."""
+FETCH, LETTER = "FETCH", "LETTER"
+_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": np.uint16,
+           "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64, "uint8": np.uint8,
+           "bool": np.bool_}
+
+
+def check_plane(plane: str) -> str:
+    if plane not in PLANES:
+        raise ValueError(f"unknown data plane {plane!r}; valid: {', '.join(PLANES)}")
+    return plane
+
+
+@functools.lru_cache(maxsize=1)
+def host_id() -> str:
+    """Who can map whose memory: the same kernel boot and the same pid namespace (``/proc/<pid>``
+    must name the writer). Network namespaces do not matter: shared memory does not cross a link."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return f"{socket.gethostname()}-{uuid.uuid4().hex}"  # no /proc: nobody else can map us
+    return f"{boot}/{pidns}"
+
+
+def layout(specs: Sequence[wire.TensorSpec]) -> tuple[list[int], int]:
+    """Offsets of the tensors inside a slot's payload (each aligned to 64 bytes) and the payload size."""
+    offsets, at = [], 0
+    for spec in specs:
+        offsets.append(at)
+        at += -(-spec.nbytes // ALIGN) * ALIGN
+    return offsets, at
+
+
+def _specs_of(tensors: Mapping[str, Any]) -> list[wire.TensorSpec]:
+    """The raw (uncompressed) schema of a dict of arrays/tensors: a segment stores bytes as they are."""
+    if not isinstance(tensors, Mapping) or not tensors:
+        raise ValueError("tensors must be a non-empty dict of name -> array/tensor")
+    specs = []
+    for name, value in tensors.items():
+        if not isinstance(name, str) or not 0 < len(name) <= wire.MAX_NAME_CHARS:
+            raise ValueError(f"tensor names must be strings of 1..{wire.MAX_NAME_CHARS} characters, got {name!r}")
+        dtype = str(value.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise ValueError(f"tensor {name!r} has dtype {dtype}; valid: {', '.join(wire.DTYPES)}")
+        shape = tuple(int(s) for s in value.shape)
+        specs.append(wire.TensorSpec(name, dtype, shape, math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize, dtype))
+    return specs
+
+
+class Segment:
+    """One writer's slots in anonymous shared memory. Made at the first write (the schema sets its size)."""
+
+    def __init__(self):
+        self.token = b""
+        self.fd: int | None = None
+        self.map: mmap.mmap | None = None
+        self.specs: list[wire.TensorSpec] = []
+        self.offsets: list[int] = []
+        self.slot_bytes = 0
+        self.letters = 0
+        self._versions: list[np.ndarray] = []
+
+    def _make(self, specs: list[wire.TensorSpec]) -> None:
+        self.close()
+        self.token = uuid.uuid4().bytes  # a reader that mapped the old segment must not take this one for it
+        self.specs = specs
+        self.offsets, self.slot_bytes = layout(specs)
+        size = HEADER_BYTES + SLOTS * (SLOT_HEADER_BYTES + self.slot_bytes)
+        self.fd = os.memfd_create(f"gossiprl-{os.getpid()}", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, size)
+        self.map = mmap.mmap(self.fd, size)
+        head = np.frombuffer(self.map, np.uint8, HEADER_BYTES)
+        head[:8] = np.frombuffer(MAGIC, np.uint8)
+        head[8:24] = np.frombuffer(self.token, np.uint8)
+        head[24:48].view(np.uint64)[:] = (SLOTS, self.slot_bytes, os.getpid())
+        self._versions = [self._slot_header(s) for s in range(SLOTS)]
+
+    def _slot_header(self, slot: int) -> np.ndarray:
+        return np.frombuffer(self.map, np.int64, 2, HEADER_BYTES + slot * (SLOT_HEADER_BYTES + self.slot_bytes))
+
+    def payload(self, slot: int) -> memoryview:
+        start = HEADER_BYTES + slot * (SLOT_HEADER_BYTES + self.slot_bytes) + SLOT_HEADER_BYTES
+        return memoryview(self.map)[start:start + self.slot_bytes]
+
+    def write(self, tensors: Mapping[str, Any], round: int) -> tuple[list[wire.TensorSpec], dict]:
+        """Copy the letter into the next slot; returns its schema and the reference readers need."""
+        specs = _specs_of(tensors)
+        if self.map is None or [s.schema_key for s in specs] != [s.schema_key for s in self.specs]:
+            self._make(specs)
+        k = self.letters
+        self.letters += 1
+        slot, head = k % SLOTS, self._versions[k % SLOTS]
+        head[0] = 2 * k + 1  # odd: being written (a reader that sees it, or a change, drops the letter)
+        buf = self.payload(slot)
+        for spec, offset, value in zip(specs, self.offsets, tensors.values()):
+            dst = np.frombuffer(buf, _DTYPES[spec.dtype], math.prod(spec.shape), offset).reshape(spec.shape)
+            if wire.is_torch(value):
+                _copy_from_torch(dst, value)
+            else:
+                np.copyto(dst, value, casting="no")
+        head[1] = round
+        head[0] = 2 * k + 2
+        return specs, {"pid": os.getpid(), "fd": self.fd, "token": self.token.hex(), "slot": slot,
+                       "version": 2 * k + 2, "host": host_id()}
+
+    def close(self) -> None:
+        if self.map is not None:
+            self._versions = []
+            try:
+                self.map.close()
+            except BufferError:  # a view handed out is still alive; the kernel frees it with us
+                pass
+            os.close(self.fd)
+        self.map, self.fd = None, None
+
+
+def _copy_from_torch(dst: np.ndarray, t) -> None:
+    """One copy, device (or host) to the slot: no staging buffer in between."""
+    torch = sys.modules["torch"]
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+        dst = dst.view(np.int16)
+    torch.from_numpy(dst).copy_(t)
+
+
+def split_payload(buf, specs: Sequence[wire.TensorSpec]) -> dict[str, np.ndarray]:
+    """Read-only arrays over one slot's payload laid out as ``layout`` says (bfloat16 widened)."""
+    out = {}
+    for spec, offset in zip(specs, layout(specs)[0]):
+        arr = np.frombuffer(buf, _DTYPES[spec.dtype], math.prod(spec.shape), offset).reshape(spec.shape)
+        if spec.dtype == "bfloat16":
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        arr.flags.writeable = False
+        out[spec.name] = arr
+    return out
+
+
+def copy_whole(version_of, payload_of, slots: int, slot: int, version: int, latest: bool) -> bytearray | None:
+    """Copy a letter out of its slot, then check the slot was not rewritten meanwhile (the seqlock).
+
+    ``latest`` (async mode) takes the newest whole letter at least as new as ``version``: a reader
+    that fell behind gets its writer's freshest parameters rather than nothing. None: no such letter.
+    """
+    order = sorted(range(slots), key=version_of, reverse=True) if latest else [slot]
+    for s in order:
+        v = version_of(s)
+        if v % 2 or v < version or (not latest and v != version):
+            continue
+        data = bytearray(payload_of(s))
+        if version_of(s) == v:
+            return data
+    return None
+
+
+class ShmReader:
+    """Maps writers' segments (once each) and reads letters out of them, checking the seqlock."""
+
+    def __init__(self):
+        self._maps: dict[tuple[int, str], mmap.mmap] = {}
+
+    def _map(self, ref: Mapping) -> mmap.mmap:
+        key = (ref["pid"], ref["token"])
+        seg = self._maps.get(key)
+        if seg is None:
+            # Non-blocking, and regular files only: a reference naming a pipe must not hang the reader.
+            fd = os.open(f"/proc/{int(ref['pid'])}/fd/{int(ref['fd'])}", os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_size < HEADER_BYTES:
+                    raise OSError("the descriptor does not name a shared-memory segment")
+                seg = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            if seg[:8] != MAGIC or seg[8:24].hex() != ref["token"]:
+                seg.close()
+                raise OSError("the descriptor names a file that is not that writer's segment")
+            for old in [k for k in self._maps if k[0] == key[0] or not os.path.exists(f"/proc/{k[0]}")]:
+                _unmap(self._maps.pop(old))  # that process's previous segment, or a dead writer's
+            self._maps[key] = seg
+        return seg
+
+    def read(self, ref: Mapping, specs: Sequence[wire.TensorSpec], copy: bool) -> dict[str, np.ndarray] | None:
+        """The letter, or None when the slot no longer holds it (overwritten: a stale reference).
+
+        ``copy=False`` (sync mode) hands back views into the writer's memory, valid until this
+        reader collects again; ``copy=True`` (async mode) copies the newest whole letter (see
+        ``copy_whole``) and checks the version after the copy.
+        """
+        seg = self._map(ref)
+        slots, slot_bytes = (int(v) for v in np.frombuffer(seg, np.uint64, 2, 24))
+        slot = int(ref["slot"])
+        if not 0 <= slot < slots or layout(specs)[1] > slot_bytes:
+            raise OSError("the descriptor does not fit the writer's segment")
+
+        def start(s):
+            return HEADER_BYTES + s * (SLOT_HEADER_BYTES + slot_bytes)
+
+        def version_of(s):
+            return int(np.frombuffer(seg, np.int64, 1, start(s))[0])
+
+        def payload_of(s):
+            return memoryview(seg)[start(s) + SLOT_HEADER_BYTES:start(s) + SLOT_HEADER_BYTES + slot_bytes]
+
+        if copy:
+            data = copy_whole(version_of, payload_of, slots, slot, int(ref["version"]), latest=True)
+            return None if data is None else split_payload(data, specs)
+        return split_payload(payload_of(slot), specs) if version_of(slot) == ref["version"] else None
+
+    def intact(self, ref: Mapping) -> bool:
+        """Whether the slot still holds the letter ``ref`` names (checked after a sync-mode mix)."""
+        seg = self._maps.get((ref["pid"], ref["token"]))
+        if seg is None:
+            return True
+        slot_bytes = int(np.frombuffer(seg, np.uint64, 1, 32)[0])
+        start = HEADER_BYTES + int(ref["slot"]) * (SLOT_HEADER_BYTES + slot_bytes)
+        return int(np.frombuffer(seg, np.int64, 1, start)[0]) == ref["version"]
+
+    def close(self) -> None:
+        for seg in self._maps.values():
+            _unmap(seg)
+        self._maps.clear()
+
+
+def _unmap(seg: mmap.mmap) -> None:
+    """Unmap now, or, while letters read in place still point into it, when the last of them goes."""
+    try:
+        seg.close()
+    except BufferError:
+        pass
+
+
+# ------------------------------------------------------------------ direct: serving and fetching letters
+
+def _frame(header: dict) -> bytes:
+    return msgpack.packb({"v": wire.PROTOCOL_VERSION, **header}, use_bin_type=True)
+
+
+def _parse(frame) -> dict:
+    """A FETCH or LETTER header; anything else (or garbage) raises WireError."""
+    raw = frame.buffer if hasattr(frame, "buffer") else frame
+    if len(raw) > 4096:
+        raise wire.WireError("data-plane header too large", "too-large")
+    try:
+        header = msgpack.unpackb(raw, raw=False, max_bin_len=0, max_array_len=64, max_map_len=64)
+    except Exception:  # msgpack raises many types on garbage; all mean the same here
+        raise wire.WireError("data-plane header is not valid msgpack") from None
+    if not isinstance(header, dict) or header.get("v") != wire.PROTOCOL_VERSION or type(header.get("v")) is not int:
+        raise wire.WireError("data-plane header must be a msgpack map with v = 1", "version")
+    if header.get("cmd") not in (FETCH, LETTER) or type(header.get("seq")) is not int:
+        raise wire.WireError("data-plane header needs cmd FETCH or LETTER and an int seq")
+    return header
+
+
+def advertised_host(broker_address: str) -> str:
+    """The address this agent's letter server binds: the interface its broker is reached through."""
+    if not broker_address.startswith("tcp://"):
+        return "127.0.0.1"
+    host = broker_address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    if keys.is_loopback(broker_address):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent: routing only
+        probe.connect((host, 9))
+        return probe.getsockname()[0]
+
+
+class LetterServer:
+    """A writer's ROUTER that serves FETCH requests from its segment, in a thread of its own.
+
+    The slot is copied and its version checked again before the reply leaves, so a reader never
+    gets a letter that was being overwritten: it gets ``ok: false`` instead.
+    """
+
+    def __init__(self, segment: Segment, host: str, curve=None):
+        self.segment = segment
+        self._curve = keys.CurveServer(*curve) if curve is not None else None
+        self._ctx = self._curve.context if self._curve else zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 4096)
+        if self._curve is not None:
+            self._curve.apply(self._sock)
+        self._sock.bind(f"tcp://{host}:*")
+        self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.public_key = self._curve.public.decode() if self._curve else None
+        self._stop = threading.Event()
+        self.served = 0
+        self._thread = threading.Thread(target=self._serve, name="gossiprl-letters", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self._sock.poll(100):
+                    continue
+                frames = self._sock.recv_multipart()
+                if len(frames) != 2:
+                    continue
+                try:
+                    self._answer(frames[0], _parse(frames[1]))
+                except (wire.WireError, zmq.ZMQError) as err:
+                    log.warning("letter server: refused a request: %s", err)
+        finally:
+            self._sock.close(linger=0)
+
+    def _answer(self, identity: bytes, req: dict) -> None:
+        seg, slot, version = self.segment, req.get("slot"), req.get("version")
+        data = None
+        if type(slot) is int and 0 <= slot < SLOTS and type(version) is int and seg.map is not None:
+            data = copy_whole(lambda s: int(seg._slot_header(s)[0]), seg.payload, SLOTS, slot, version,
+                              latest=req.get("latest") is True)
+        ok = data is not None
+        self._sock.send_multipart([identity, _frame({"cmd": LETTER, "seq": req["seq"], "ok": ok}),
+                                   data if ok else b""], flags=zmq.NOBLOCK, copy=False)  # data is ours alone
+        self.served += ok
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._curve is not None:
+            self._curve.close()
+
+
+class Fetcher:
+    """A reader's DEALER sockets, one per writer endpoint: fetch many letters at once, in parallel.
+
+    A writer is *unreachable* when no connection to it completed within the timeout; one that
+    connected but answers late is only *slow* (a starved process): it is waited for up to
+    ``patience`` times longer, and past that its letter is dropped for this round, without giving
+    up on the edge.
+    """
+
+    def __init__(self, curve_client: Mapping[int, bytes] | None = None, context: zmq.Context | None = None,
+                 patience: float = 10.0):
+        self._curve = dict(curve_client) if curve_client else None
+        self._ctx = context or zmq.Context.instance()
+        self._socks: dict[str, tuple[zmq.Socket, zmq.Socket]] = {}
+        self._connected: set[str] = set()
+        self._seq = itertools.count(1)
+        self.patience = patience
+
+    def _sock(self, ref: Mapping) -> zmq.Socket:
+        endpoint = ref["endpoint"]
+        if endpoint not in self._socks:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if self._curve is not None:
+                opts = {**self._curve, zmq.CURVE_SERVERKEY: str(ref.get("key", "")).encode()}
+                for option, value in opts.items():
+                    sock.setsockopt(option, value)
+            monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED,
+                                              addr=f"inproc://gossiprl-fetch-monitor-{uuid.uuid4().hex}")
+            sock.connect(endpoint)
+            self._socks[endpoint] = (sock, monitor)
+        return self._socks[endpoint][0]
+
+    def _reached(self, endpoint: str) -> bool:
+        monitor = self._socks[endpoint][1]
+        while monitor.poll(0):
+            monitor.recv_multipart()
+            self._connected.add(endpoint)
+        return endpoint in self._connected
+
+    def _drop(self, endpoint: str) -> None:
+        """Close a writer's socket, and with it whatever is queued to it; the next fetch reconnects."""
+        sock, monitor = self._socks.pop(endpoint)
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+
+    def fetch(self, wanted: Mapping[int, tuple[Mapping, Sequence[wire.TensorSpec]]], timeout: float,
+              latest: bool = False) -> tuple[dict[int, dict], dict[str, list[int]]]:
+        """Letters by writer rank, and the ranks lost: ``overwritten``, ``unreachable``, ``slow``.
+        ``latest``: the newest whole letter will do (async mode, as ``copy_whole``)."""
+        pending, got = {}, {}
+        lost = {"overwritten": [], "unreachable": [], "slow": []}
+        for rank, (ref, specs) in wanted.items():
+            seq = next(self._seq)
+            sock = self._sock(ref)
+            try:
+                sock.send(_frame({"cmd": FETCH, "seq": seq, "slot": ref["slot"], "version": ref["version"],
+                                  "latest": latest}), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                lost["unreachable"].append(rank)
+                continue
+            pending[seq] = (rank, ref["endpoint"], specs)
+        poller = zmq.Poller()
+        for endpoint in {e for _, e, _ in pending.values()}:
+            poller.register(self._socks[endpoint][0], zmq.POLLIN)
+        start = time.monotonic()
+        while pending:
+            waited = time.monotonic() - start
+            reached = all(self._reached(e) for _, e, _ in pending.values())
+            if waited > timeout * (self.patience if reached else 1.0):
+                break
+            for sock, _ in poller.poll(100):
+                frames = sock.recv_multipart(copy=False)
+                try:
+                    reply = _parse(frames[0])
+                except wire.WireError:
+                    continue
+                entry = pending.pop(reply["seq"], None)
+                if entry is None:  # the answer to a request we gave up on
+                    continue
+                rank, _, specs = entry
+                if reply.get("ok") is True and len(frames) == 2 and len(frames[1]) >= layout(specs)[1]:
+                    got[rank] = split_payload(frames[1].buffer, specs)
+                else:
+                    lost["overwritten"].append(rank)
+        for rank, endpoint, _ in pending.values():
+            lost["slow" if self._reached(endpoint) else "unreachable"].append(rank)
+        for endpoint in {e for _, e, _ in pending.values()}:
+            self._drop(endpoint)
+        return got, lost
+
+    def close(self) -> None:
+        for endpoint in list(self._socks):
+            self._drop(endpoint)
+
+
+# ------------------------------------------------------------------ one agent's end of the data plane
+
+class AgentPlane:
+    """What a GossipClient does differently when the broker carries references instead of bytes.
+
+    ``publish`` writes the letter into the segment and returns the PUBLISH fields (plus the
+    payload frames for readers the broker says cannot reach us: the relay fallback);
+    ``receive`` turns the references of a DELIVER into letters, from shared memory on this host
+    or fetched from the writer's server. ``counts`` says which path each letter took and what
+    was dropped: ``overwritten`` (a stale reference), ``unreachable`` (its edge then falls back to
+    the relay), ``slow`` (a writer that connected but did not answer in time), ``writer-gone`` (its process died before we mapped its segment) and
+    ``torn`` (a sync-mode letter changed under a mix: a broken promise, never expected).
+    """
+
+    def __init__(self, plane: str, broker_address: str, mode: str, curve=None, fetch_timeout: float = 3.0):
+        self.plane, self.mode, self.fetch_timeout = check_plane(plane), mode, fetch_timeout
+        self.segment = Segment()
+        self.host = host_id()
+        self.reader = ShmReader()
+        self.server = None
+        if plane in ("direct", "auto"):
+            server_curve = None
+            if curve is not None:  # readers that hold this agent's key pair (a swarm sharing one agent key)
+                server_curve = (curve[0], frozenset({keys.load_secret(curve[0])[0]}))
+            self.server = LetterServer(self.segment, advertised_host(broker_address), server_curve)
+        client_keys = None
+        if curve is not None:
+            public, secret = keys.load_secret(curve[0])
+            client_keys = {zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret}
+        self.fetcher = Fetcher(client_keys)
+        self.relay_to: list[int] = []
+        self.acked = True
+        """Whether the last letter written into the segment was ACKed (PROTOCOL.md 10.3, Writing)."""
+        self.unreachable: set[int] = set()
+        self._to_report: set[int] = set()
+        self._reading: list[dict] = []
+        self.counts = {k: 0 for k in ("shm", "direct", "relay", "overwritten", "unreachable", "slow", "writer-gone", "torn",
+                                      "sent-inline")}
+
+    def publish(self, tensors: Mapping[str, Any], round: int) -> tuple[dict, list]:
+        if not self.acked:
+            # The previous letter got no ACK (a timeout, a lost broker): some reader may still hold
+            # it, or the one before, in place, so no slot is known to be free. This letter travels
+            # through the broker, bytes and all, like any relay letter.
+            schema, frames = wire.pack_tensors(tensors)
+            self.counts["sent-inline"] += 1
+            return {"round": round, "tensors": schema}, frames
+        self.acked = False
+        specs, ref = self.segment.write(tensors, round)
+        if self.plane == "direct":
+            del ref["pid"], ref["fd"], ref["token"], ref["host"]
+        if self.server is not None:
+            ref["endpoint"] = self.server.endpoint
+            if self.server.public_key:
+                ref["key"] = self.server.public_key
+        frames = []
+        if self.relay_to:  # some reader cannot reach us: the broker relays this letter's bytes to it
+            buf = self.segment.payload(ref["slot"])
+            frames = [bytes(buf[o:o + s.nbytes]) for s, o in zip(specs, self.segment.offsets)]
+        return {"round": round, "tensors": [s.to_wire() for s in specs], "ref": ref}, frames
+
+    def collect_fields(self) -> dict:
+        """Tell the broker (once) which writers we cannot reach, so it relays their letters to us.
+
+        Called just before a COLLECT leaves, which is where the letters read in place stop being
+        guaranteed: so that is where they are checked for having stayed whole.
+        """
+        for ref in self._reading:
+            if not self.reader.intact(ref):
+                self.counts["torn"] += 1
+                log.error("a sync-mode letter was overwritten while it was mixed (writer pid %s)", ref.get("pid"))
+        self._reading = []
+        if not self._to_report:
+            return {}
+        fields, self._to_report = {"unreachable": sorted(self._to_report)}, set()
+        return fields
+
+    def report_again(self) -> None:
+        """A restarted broker knows none of the relay edges: name every writer we cannot reach anew."""
+        self._to_report |= self.unreachable
+
+    def receive(self, deliver: wire.Message) -> dict[int, dict[str, np.ndarray]]:
+        out, remote = {}, {}
+        for letter in deliver["messages"]:
+            ref, rank = letter.get("ref"), letter["rank"]
+            if not isinstance(ref, dict) or letter.get("relayed"):
+                self.counts["relay"] += 1
+                continue
+            if rank in self.unreachable:
+                self.counts["unreachable"] += 1
+                continue
+            fetchable = isinstance(ref.get("endpoint"), str) and ref["endpoint"].startswith("tcp://")
+            if self.plane != "direct" and ref.get("host") == self.host:
+                try:
+                    got = self.reader.read(ref, letter["specs"], copy=self.mode != "sync")
+                except (OSError, KeyError, TypeError, ValueError):
+                    got = False
+                if got is None:
+                    self.counts["overwritten"] += 1
+                elif got is False and type(ref.get("pid")) is int and not os.path.exists(f"/proc/{ref['pid']}"):
+                    self.counts["writer-gone"] += 1
+                elif got is False and fetchable:  # auto: not mappable after all (permissions, say)
+                    remote[rank] = (ref, letter["specs"])
+                elif got is False:
+                    self._lost(rank)
+                else:
+                    self.counts["shm"] += 1
+                    out[rank] = got
+                    if self.mode == "sync":
+                        self._reading.append(ref)
+            elif fetchable:
+                remote[rank] = (ref, letter["specs"])
+            else:
+                self._lost(rank)
+        if remote:
+            got, lost = self.fetcher.fetch(remote, self.fetch_timeout, self.mode != "sync")
+            out.update(got)
+            self.counts["direct"] += len(got)
+            self.counts["overwritten"] += len(lost["overwritten"])
+            self.counts["slow"] += len(lost["slow"])
+            for rank in lost["unreachable"]:
+                self._lost(rank)
+        return out
+
+    def _lost(self, rank: int) -> None:
+        log.warning("cannot reach the letters of rank %d; asking the broker to relay them", rank)
+        self.counts["unreachable"] += 1
+        self.unreachable.add(rank)
+        self._to_report.add(rank)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.fetcher.close()
+        self.reader.close()
+        self.segment.close()

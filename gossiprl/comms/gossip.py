@@ -1,0 +1,431 @@
+"""Gossip mixing: turn the letters a client collected into x_i <- sum_j p_ij x_j, in place.
+
+This is the layer between the transport (GossipClient) and the learner: it knows about
+parameters (numpy arrays, or torch tensors on any device) but not about sockets. torch is
+used only when the caller hands torch objects in; importing this module does not import it.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .client import BrokerUnavailable, GossipClient, GossipTimeout
+from .wire import is_torch
+
+log = logging.getLogger("gossiprl.comms.gossip")
+
+
+AGGREGATES = ("mean", "trimmed-mean", "median")
+"""How letters are combined with our own parameters: the mixing matrix's weighted mean (PALA), or a
+coordinate-wise robust statistic over our parameters and the letters, each counted once."""
+
+CHUNK = 1 << 17
+"""Elements per block of the fused mean (512 KiB of float32): a block of ours and of each letter
+stays in the core's L2 cache between the finite check, the distances and the update."""
+
+
+DEFAULT_DEVIATION_BOUND = 10.0
+"""Gossip's default DeviationBound factor: a letter 10x farther than the recent ones is dropped."""
+
+
+class MixError(TypeError):
+    """Parameters that gossip cannot mix (integer tensors); the message names the tensor."""
+
+
+@dataclass
+class MixResult:
+    peers: int
+    """How many in-peers' letters were mixed in."""
+    dropped: list[int]
+    """Peers whose letters were refused: non-finite values, names/shapes/dtypes that do not match
+    ours, or a distance from our parameters beyond the deviation bound."""
+    consensus_distance: float
+    """L2 distance between our parameters and the weighted mean of the letters mixed, before
+    mixing; NaN when no letter was mixed."""
+    refused: bool = False
+    """Our own parameters were already non-finite: nothing was mixed, no peer was blamed."""
+
+
+class DeviationBound:
+    """Drops a letter whose distance from our parameters is far outside the recent distances.
+
+    The rule: a letter at L2 distance d from our parameters is dropped when
+    ``d > factor * max(median(recent), FLOOR * |x|)``, where ``recent`` are the distances of the
+    last ``window`` letters accepted and |x| is the norm of our own parameters. Until ``warmup``
+    letters have been accepted the scale is |x| itself (two independent initialisations lie
+    about sqrt(2) |x| apart; all-zero parameters, which give no scale, count as |x| = 1), so a
+    first letter of 1e30 is refused as surely as a later one.
+    The floor means a letter within ``factor * FLOOR * |x|`` (|x| itself at the default factor)
+    is never an outlier. Without it a swarm near consensus, whose recent distances are one
+    optimizer step, refuses the first larger honest step; the two agents then drift apart without
+    mixing, every later letter is farther still, and they never mix again (with a floor of
+    1e-3 |x|, two A2C agents on Pong dropped 316 letters in 40 s). Honest agents stay well within
+    the norm of their own parameters, while the poison the bound exists for (1e30, float32's
+    maximum, x + 1e4) lies orders of magnitude beyond it. Drops are counted in ``gossip/dropped``.
+    """
+
+    FLOOR = 0.1
+    NORM_EVERY = 64
+    """After warm-up |x| only sets the floor, so it is measured once every this many mixes."""
+
+    def __init__(self, factor: float = DEFAULT_DEVIATION_BOUND, window: int = 32, warmup: int = 4):
+        if not (factor > 1 and math.isfinite(factor)):
+            raise ValueError(f"deviation bound factor must be a finite number > 1, got {factor!r}")
+        self.factor = factor
+        self.warmup = warmup
+        self.recent: deque[float] = deque(maxlen=window)
+        self.own_norm = 0.0
+        self._mixes = 0
+
+    def wants_norm(self) -> bool:
+        self._mixes += 1
+        return len(self.recent) < self.warmup or self._mixes % self.NORM_EVERY == 1
+
+    def limit(self, own_norm: float | None) -> float:
+        if own_norm is not None:
+            self.own_norm = own_norm
+        scale = float(np.median(self.recent)) if len(self.recent) >= self.warmup else (self.own_norm or 1.0)
+        return self.factor * max(scale, self.FLOOR * self.own_norm, 1e-30)
+
+    def accept(self, distances: Sequence[float]) -> None:
+        self.recent.extend(distances)
+
+
+def _named_tensors(params: Any) -> Mapping[str, Any]:
+    """A dict of name -> tensor/array for a dict, or for a torch module's parameters."""
+    if isinstance(params, Mapping):
+        return params
+    if hasattr(params, "named_parameters"):
+        return {name: p.data for name, p in params.named_parameters()}
+    raise TypeError(f"expected a dict of arrays/tensors or a torch module, got {type(params).__name__}")
+
+
+def refuse_integers(own: Mapping[str, Any]) -> None:
+    """Mixing integer tensors would truncate (7 and 9 average to 7, all-ones become zeros): refuse them."""
+    for name, x in own.items():
+        floating = x.is_floating_point() if is_torch(x) else np.asarray(x).dtype.kind == "f"
+        if not floating:
+            raise MixError(f"tensor {name!r} has dtype {str(x.dtype).removeprefix('torch.')}; gossip mixes only "
+                           "floating-point tensors: cast it to float32 (and round after mixing if it must stay whole)")
+
+
+def _as_torch(array: np.ndarray, like):
+    torch = sys.modules["torch"]
+    with warnings.catch_warnings():  # the letter is read-only, and torch only reads it here
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array).to(device=like.device, dtype=like.dtype, non_blocking=True)
+
+
+def _same_schema(letter: Mapping[str, np.ndarray], own: Mapping[str, Any]) -> bool:
+    return letter.keys() == own.keys() and all(
+        arr.dtype.kind == "f" and tuple(arr.shape) == tuple(own[name].shape) for name, arr in letter.items())
+
+
+def _flat_numpy(own: Mapping[str, Any]) -> list[tuple[str, np.ndarray]] | None:
+    """Writable flat numpy views of our tensors (CPU torch tensors included), or None when one has none."""
+    views = []
+    for name, x in own.items():
+        if is_torch(x):
+            if x.is_cuda or str(x.dtype) == "torch.bfloat16" or not x.is_contiguous():
+                return None
+            x = x.detach().numpy()
+        if not isinstance(x, np.ndarray) or not x.flags.c_contiguous or not x.flags.writeable:
+            return None
+        views.append((name, x.reshape(-1)))
+    return views
+
+
+@dataclass
+class _Pass:
+    """What one attempt at mixing found: squared distances per letter, and who spoiled it."""
+
+    sq: dict[int, float]
+    consensus_sq: float = 0.0
+    own_sq: float = 0.0
+    """|x|^2, measured by the measure-first path (the fused one asks DeviationBound.wants_norm)."""
+    bad: list[int] = field(default_factory=list)
+    own_bad: bool = False
+
+
+def mix(params: Any, msgs: Mapping[int, Mapping[str, np.ndarray]], weights: Mapping[int, float], rank: int,
+        *, check_finite: bool = True, aggregate: str = "mean", bound: DeviationBound | None = None) -> MixResult:
+    """x_rank <- w_rank x_rank + sum_j w_j m_j, in place, over the letters that arrived.
+
+    ``weights`` is this rank's row of the mixing matrix (GossipClient.weights). When some
+    in-peers sent nothing (async mode) or sent something unusable, the weights of the
+    letters used and of ``rank`` itself are renormalised to sum to 1, so the update stays a
+    convex combination. Letters with non-finite values, or beyond ``bound``, are dropped, so
+    one diverged or hostile agent cannot poison its neighbours; if our own parameters are
+    already non-finite nothing is mixed (``refused``). ``aggregate`` "trimmed-mean" and
+    "median" replace the weighted mean by a coordinate-wise statistic over our parameters and
+    the letters, each counted once (the weights are then not used): the median of three
+    values, or the mean after dropping the max(1, n // 4) largest and smallest of n >= 3,
+    ignores one outlier per coordinate. Integer tensors raise MixError.
+    """
+    if aggregate not in AGGREGATES:
+        raise ValueError(f"unknown aggregate {aggregate!r}; valid: {', '.join(AGGREGATES)}")
+    own = _named_tensors(params)
+    refuse_integers(own)
+    usable, dropped = {}, []
+    for peer, letter in msgs.items():
+        if peer != rank and peer in weights and _same_schema(letter, own):
+            usable[peer] = letter
+        else:
+            dropped.append(peer)
+    views = _flat_numpy(own) if aggregate == "mean" and weights.get(rank, 0.0) > 0 else None
+    result = MixResult(0, dropped, float("nan"))  # NaN, not 0.0, which would read as perfect agreement
+    while usable:
+        total = weights[rank] + sum(weights[j] for j in usable)
+        w_self, w_peers = weights[rank] / total, {j: weights[j] / total for j in usable}
+        if views is not None:
+            found = _fused_mean(views, usable, w_self, w_peers, check_finite, bound)
+        else:
+            found = _careful(own, usable, w_self, w_peers, check_finite, aggregate, bound)
+        if found.own_bad:
+            log.warning("rank %d: own parameters are non-finite; mix refused, %d letter(s) unused", rank, len(usable))
+            return MixResult(0, dropped, float("nan"), refused=True)
+        if not found.bad:
+            if bound is not None:
+                bound.accept([found.sq[j] ** 0.5 for j in usable])
+            result = MixResult(len(usable), dropped, found.consensus_sq ** 0.5 / (1.0 - w_self))
+            break
+        dropped.extend(found.bad)
+        usable = {j: m for j, m in usable.items() if j not in found.bad}
+    if dropped:
+        log.warning("rank %d: dropped letters from %s (non-finite, beyond the deviation bound, or wrong schema)",
+                    rank, dropped)
+    return result
+
+
+def _beyond(found: _Pass, bound: DeviationBound | None) -> list[int]:
+    if bound is None:
+        return []
+    limit = bound.limit(found.own_sq ** 0.5)
+    return [j for j, sq in found.sq.items() if sq ** 0.5 > limit]
+
+
+def _fused_mean(views, letters, w_self: float, w_peers: dict[int, float], check_finite: bool,
+                bound: DeviationBound | None) -> _Pass:
+    """The weighted mean in one sweep over memory: x += sum_j w_j (m_j - x), block by block.
+
+    Each block of ours and of the letters is read once from memory; the finite check, the
+    distances and the update run on it while it sits in cache, and a block is written only
+    once every letter's distance so far is finite and within the bound. A letter refused at a
+    later block was already mixed into the blocks before, where it was close to ours: those
+    are restored from the letters, x = (x' - sum_j w_j m_j) / w_self, exact up to rounding.
+    That costs a second sweep, but only when a letter is refused.
+    """
+    found = _Pass({j: 0.0 for j in letters})
+    limit_sq = math.inf
+    if bound is not None:
+        norm = math.sqrt(sum(float(np.dot(x, x)) for _, x in views)) if bound.wants_norm() else None
+        limit_sq = bound.limit(norm) ** 2
+    done: list[tuple[str, int, int]] = []
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is how a letter of 1e30 shows itself
+        _sweep(views, letters, w_peers, check_finite, limit_sq, found, done)
+    if found.bad or found.own_bad:
+        _restore(views, letters, done, w_self, w_peers)
+    return found
+
+
+def _sweep(views, letters, w_peers, check_finite, limit_sq: float, found: _Pass, done: list) -> None:
+    for name, x in views:
+        step = np.empty(min(CHUNK, x.size), np.promote_types(x.dtype, np.float32))
+        total = np.empty_like(step) if len(letters) > 1 else None
+        flat = [(j, w, letters[j][name].reshape(-1)) for j, w in w_peers.items()]
+        for a in range(0, x.size, CHUNK):
+            b = min(a + CHUNK, x.size)
+            xc, d = x[a:b], step[:b - a]
+            for i, (j, w, m) in enumerate(flat):
+                np.subtract(m[a:b], xc, out=d)
+                q = float(np.dot(d, d))
+                if check_finite and not math.isfinite(q):
+                    found.own_bad = not np.isfinite(xc).all()
+                    found.bad = [] if found.own_bad else [j]
+                    return
+                found.sq[j] += q
+                if found.sq[j] > limit_sq:
+                    found.bad = [j]
+                    return
+                if total is None:  # one letter: the consensus distance is its distance
+                    found.consensus_sq += w * w * q
+                    np.multiply(d, w, out=d)
+                    np.add(xc, d, out=xc, casting="unsafe")
+                elif i == 0:
+                    np.multiply(d, w, out=total[:b - a])
+                else:
+                    np.multiply(d, w, out=d)
+                    np.add(total[:b - a], d, out=total[:b - a])
+            if total is not None:
+                mean_step = total[:b - a]
+                found.consensus_sq += float(np.dot(mean_step, mean_step))
+                np.add(xc, mean_step, out=xc, casting="unsafe")
+            done.append((name, a, b))
+
+
+def _restore(views, letters, done, w_self: float, w_peers: dict[int, float]) -> None:
+    xs = dict(views)
+    for name, a, b in done:
+        xc = xs[name][a:b]
+        for j, w in w_peers.items():
+            xc -= w * letters[j][name].reshape(-1)[a:b]
+        xc /= w_self
+
+
+def _careful(own: Mapping[str, Any], letters, w_self: float, w_peers: dict[int, float], check_finite: bool,
+             aggregate: str, bound: DeviationBound | None) -> _Pass:
+    """Any aggregate, on any device: measure every letter first, write only if all are usable.
+
+    Used for CUDA and bfloat16 tensors, the robust aggregates, and adopt (no weight of our
+    own); the letters are copied to our tensors' device once each.
+    """
+    found = _Pass({j: 0.0 for j in letters})
+    moved = {}
+    for name, x in own.items():
+        if is_torch(x):
+            moved[name] = {j: _as_torch(letter[name], x) for j, letter in letters.items()}
+            found.own_sq += float(x.float().pow(2).sum())
+        else:
+            moved[name] = {j: letter[name] for j, letter in letters.items()}
+            found.own_sq += float(np.square(x, dtype=np.float64).sum())
+        mean_step = 0.0
+        for j, w in w_peers.items():
+            d = moved[name][j] - x
+            found.sq[j] += float(d.float().pow(2).sum()) if is_torch(d) else float(np.square(d, dtype=np.float64).sum())
+            mean_step = mean_step + w * d
+        found.consensus_sq += (float(mean_step.float().pow(2).sum()) if is_torch(mean_step)
+                               else float(np.square(mean_step, dtype=np.float64).sum()))
+    if check_finite and not math.isfinite(found.own_sq):
+        found.own_bad = True
+        return found
+    found.bad = [j for j, sq in found.sq.items() if check_finite and not math.isfinite(sq)] or _beyond(found, bound)
+    if found.bad:
+        return found
+    for name, x in own.items():
+        ms = moved[name]
+        if aggregate == "mean":
+            value = x * w_self
+            for j, w in w_peers.items():
+                value = value + w * ms[j]
+        else:
+            value = _robust(aggregate, [x, *ms.values()])
+        if is_torch(x):
+            x.copy_(value)
+        else:
+            np.copyto(x, value, casting="unsafe")
+    return found
+
+
+def _robust(aggregate: str, values: list):
+    """Coordinate-wise median or trimmed mean of our tensor and the letters' (numpy or torch alike)."""
+    n = len(values)
+    if is_torch(values[0]):
+        torch = sys.modules["torch"]
+        ordered = torch.sort(torch.stack(values), dim=0).values
+    else:
+        ordered = np.sort(np.stack(values), axis=0)
+    if aggregate == "median":
+        return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    cut = max(1, n // 4) if n >= 3 else 0
+    return ordered[cut:n - cut].mean(0)
+
+
+def load_tensors(target: Any, arrays: Mapping[str, np.ndarray]) -> None:
+    """Copy received arrays into a torch module's parameters or a dict of tensors/arrays, on their devices."""
+    own = _named_tensors(target)
+    missing = own.keys() - arrays.keys()
+    if missing:
+        raise KeyError(f"arrays lack {sorted(missing)}; have {sorted(arrays)}")
+    for name, x in own.items():
+        if tuple(arrays[name].shape) != tuple(x.shape):
+            raise ValueError(f"{name}: shape {tuple(arrays[name].shape)} != {tuple(x.shape)}")
+    for name, x in own.items():
+        if is_torch(x):
+            x.copy_(_as_torch(arrays[name], x))
+        else:
+            np.copyto(x, arrays[name], casting="unsafe")
+
+
+class Gossip:
+    """The hook a training loop calls after each optimizer step: publish, collect, mix.
+
+    If the broker is unreachable the agent keeps training on its own. Finding that out costs
+    the client's liveness window, so after a failure gossip is not tried again for ``backoff``
+    seconds (doubling up to ``max_backoff`` while it keeps failing): local training goes on
+    at full speed, and gossip resumes once a broker answers on the same address (the client
+    registers again by itself; see PROTOCOL.md, Reliability).
+
+    What a peer sends can never stop the agent: letters that are non-finite, of another schema
+    or beyond the deviation bound (``deviation_bound``: see DeviationBound; None turns it off)
+    are dropped and counted (``gossip/dropped``), and a mix is refused when our own parameters
+    are already non-finite (``gossip/refused``). ``aggregate`` chooses mean | trimmed-mean | median.
+    """
+
+    def __init__(self, client: GossipClient, name: str = "params", check_finite: bool = True,
+                 backoff: float = 1.0, max_backoff: float = 30.0, aggregate: str = "mean",
+                 deviation_bound: float | None = DEFAULT_DEVIATION_BOUND):
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"unknown aggregate {aggregate!r}; valid: {', '.join(AGGREGATES)}")
+        self.client = client
+        self.name = name
+        self.check_finite = check_finite
+        self.aggregate = aggregate
+        self.bound = DeviationBound(deviation_bound) if deviation_bound is not None else None
+        self.backoff, self.max_backoff = backoff, max_backoff
+        self.failures = 0
+        self.skipped = 0
+        self.dropped = 0
+        self.refused = 0
+        self._retry_at = 0.0
+        self._next_backoff = backoff
+
+    def exchange(self, params: Any) -> dict[str, float]:
+        t0 = time.perf_counter()
+        refuse_integers({self.name: params})  # before anything is sent: peers could not mix it either
+        result = MixResult(0, [], float("nan"))
+        msgs = None
+        if time.monotonic() < self._retry_at:
+            self.skipped += 1
+        else:
+            try:
+                msgs = self.client.exchange({self.name: params})
+                self._next_backoff = self.backoff
+            except (BrokerUnavailable, GossipTimeout) as err:
+                self.failures += 1
+                self._retry_at = time.monotonic() + self._next_backoff
+                log.warning("rank %d: gossip off for %.1fs: %s", self.client.rank, self._next_backoff, err)
+                self._next_backoff = min(2 * self._next_backoff, self.max_backoff)
+        t1 = time.perf_counter()
+        if msgs is not None:
+            result = mix({self.name: params}, msgs, self.client.last_weights, self.client.rank,
+                         check_finite=self.check_finite, aggregate=self.aggregate, bound=self.bound)
+            self.dropped += len(result.dropped)
+            self.refused += result.refused
+        t2 = time.perf_counter()
+        return {"gossip/wait_s": t1 - t0, "gossip/mix_s": t2 - t1, "gossip/round": float(self.client.round),
+                "gossip/peers": float(result.peers), "gossip/dropped": float(self.dropped),
+                "gossip/refused": float(self.refused),
+                "gossip/consensus_distance": result.consensus_distance,
+                "gossip/failures": float(self.failures), "gossip/skipped": float(self.skipped)}
+
+    def adopt(self, params: Any) -> int:
+        """Start from the in-peers' parameters instead of our own: their mean, written into ``params``.
+
+        For an agent that rejoins a running swarm with nothing of its own (no checkpoint):
+        a fresh initialisation mixed in would set its neighbours back. Returns how many
+        letters were averaged (0: nothing usable came, ``params`` are left as they were).
+        """
+        msgs = self.client.collect()
+        weights = {self.client.rank: 0.0, **{j: 1.0 for j in msgs}}  # mix renormalises over the usable ones
+        return mix({self.name: params}, msgs, weights, self.client.rank, check_finite=self.check_finite).peers
+
+    def close(self) -> None:
+        self.client.close()

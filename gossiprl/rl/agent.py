@@ -1,0 +1,383 @@
+"""One PALA/GALA agent: an A2C learner that hands its parameters to gossip after each update.
+
+``train`` is the whole agent in one loop: act n_steps in every env, one A2C update, then
+(every ``gossip_every`` updates) ``gossip.exchange(flat_params)``, which mixes the peers'
+parameters into ours in place. The loop knows nothing about sockets or topologies; any object
+with that one method will do, and ``gossip=None`` is plain single-agent A2C.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Protocol
+
+import numpy as np
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+from gossiprl.rl.a2c import A2CConfig, Rollout, make_optimizer, resolve_defaults, update
+from gossiprl.rl.envs import is_atari, make_env
+from gossiprl.rl.models import flatten_parameters, make_model
+
+log = logging.getLogger("gossiprl.rl.agent")
+
+
+@dataclass
+class AgentConfig:
+    env_id: str = "CartPole-v1"
+    """A gymnasium id, or an Atari id ('ALE/Pong-v5', 'PongNoFrameskip-v4')."""
+    total_frames: int = 2_000_000
+    """Frames for THIS agent, counted over a resume. On Atari a frame is an emulator frame,
+    i.e. env steps x 4 (frameskip), as the papers count them; elsewhere one env step."""
+    seed: int = 1
+    """Base seed; agent ``rank`` uses seed + rank, so agents explore differently."""
+    agents: int = 1
+    """How many agents share this host; only sizes the default torch_threads."""
+    device: str = "auto"
+    """'auto', 'cpu' or 'cuda'; on cuda agent ``rank`` takes GPU rank % device_count."""
+    torch_threads: int = 0
+    """Intra-op threads for torch and ALE; 0 means max(1, cpu_count // agents), so agents
+    on one host do not oversubscribe the cores."""
+    sticky_actions: float = 0.0
+    """Atari repeat_action_probability (0 as in the papers)."""
+    gossip_every: int = 1
+    """Exchange parameters after every this many updates (1 = after every step, as PALA)."""
+    aggregate: str = "mean"
+    """How letters are mixed in: 'mean' (the mixing matrix's weights, PALA), or the robust
+    'trimmed-mean' / 'median' over our parameters and the letters (gossiprl.comms.gossip.mix)."""
+    deviation_bound: float | None = 10.0
+    """Drop a letter farther from our parameters than this many times the recent distances
+    (gossiprl.comms.gossip.DeviationBound); None turns the bound off."""
+    log_every: int = 100
+    """Updates between rows of metrics.csv / TensorBoard points."""
+    checkpoint_every: int = 1000
+    """Updates between checkpoints (one is also written at the end)."""
+    stop_at_return: float | None = None
+    """Stop early once the mean of the last 100 finished episodes reaches this."""
+    a2c: A2CConfig = field(default_factory=A2CConfig)
+    """The learner's hyperparameters (paper defaults)."""
+
+
+class GossipHook(Protocol):
+    def exchange(self, flat_params: torch.Tensor) -> Mapping[str, float]:
+        """Publish flat_params, mix the in-peers' parameters into it in place, return stats
+        such as 'gossip/wait_s', 'gossip/mix_s', 'gossip/round', 'gossip/consensus_distance'."""
+
+    def adopt(self, flat_params: torch.Tensor) -> int:
+        """Overwrite flat_params with the in-peers' mean (an agent rejoining with no checkpoint);
+        return how many peers it came from."""
+
+
+METRIC_COLUMNS = [
+    "frames", "wall_s", "updates", "episodic_return", "mean_return_100", "fps",
+    "losses/value_loss", "losses/policy_loss", "losses/entropy",
+    "gossip/wait_s", "gossip/mix_s", "gossip/consensus_distance",
+]
+"""metrics.csv columns; any other keys gossip.exchange returns are appended (sorted) after them."""
+
+
+PROGRESS_EVERY_S = 1.0
+"""Seconds between progress reports to the launcher (also sent once at the end)."""
+
+
+def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
+          gossip: GossipHook | None = None, resume: bool = False, stop=None,
+          progress: Callable[[dict], None] | None = None) -> dict:
+    """Train one agent into ``run_dir/agent-<rank>/`` and return a summary.
+
+    ``stop`` is any Event-like object (threading or multiprocessing); setting it ends the
+    loop after the current update, with a final log row and checkpoint. ``progress`` gets,
+    about once a second and at the end, ``{"frames", "wall_s", "gossip_s", "returns",
+    "consensus_distance"}``: this agent's frames so far, its seconds of training and of gossip
+    in this session, the returns of the episodes finished since the previous report, so a
+    launcher can judge the whole swarm (the solve threshold over all agents' last 100
+    episodes), and its last gossip's consensus distance (None before its first gossip).
+    """
+    agent_dir = Path(run_dir) / f"agent-{rank}"
+    agent_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint_path = agent_dir / "checkpoint.pt"
+    checkpoint = None
+    if resume and (checkpoint_path.exists() or gossip is None):
+        checkpoint = load_checkpoint(checkpoint_path)
+        if checkpoint["config"].get("env_id") != cfg.env_id:
+            raise CheckpointError(f"{checkpoint_path} was trained on {checkpoint['config'].get('env_id')}, "
+                                  f"this run asks for {cfg.env_id}: resume with that --env or use another --run-dir")
+    counters = checkpoint["counters"] if checkpoint else {"updates": 0, "frames": 0, "episodes": 0, "wall_s": 0.0}
+    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=100)
+    (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2))
+
+    # Seeding: the update count is mixed in so a resumed run draws new episodes and actions
+    # instead of replaying the ones it started with.
+    rng = np.random.default_rng([cfg.seed + rank, counters["updates"]])
+    torch.manual_seed(int(rng.integers(2**31)))
+    threads = cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.agents)
+    torch.set_num_threads(threads)
+    device = pick_device(cfg.device, rank)
+    a2c = resolve_defaults(cfg.a2c, is_atari(cfg.env_id))
+
+    envs = make_env(cfg.env_id, a2c.num_envs, int(rng.integers(2**30)),
+                    sticky_actions=cfg.sticky_actions, num_threads=threads)
+    model = make_model(envs.observation_space, envs.action_space).to(device)
+    flat_params = flatten_parameters(model)
+    optimizer = make_optimizer(model, a2c)
+    if checkpoint:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    elif resume:  # rejoining a running swarm with no checkpoint of our own: start from the neighbours'
+        adopted = gossip.adopt(flat_params)
+        print(f"agent-{rank}: no checkpoint in {agent_dir}; "
+              + (f"starting from the mean of {adopted} neighbour(s)' parameters" if adopted
+                 else "no neighbour's parameters came either, starting fresh"), flush=True)
+
+    first_obs = torch.from_numpy(envs.reset())
+    rollout = Rollout(a2c.n_steps, a2c.num_envs, first_obs.shape[1:], first_obs.dtype, device)
+    rollout.obs[0].copy_(first_obs)
+    frames_per_update = a2c.n_steps * a2c.num_envs * envs.frames_per_step
+    log = MetricsLog(agent_dir, resume, purge_step=counters["frames"] if checkpoint else None)
+
+    updates, frames, episodes = counters["updates"], counters["frames"], counters["episodes"]
+    timing = {"rollout": 0.0, "learn": 0.0, "gossip": 0.0}
+    start = time.perf_counter()
+    start_frames = frames
+    last_log_time, last_log_frames = start, frames
+    returns_since_log: list[float] = []
+    returns_since_report: list[float] = []
+    last_report = start
+    gossip_stats: dict[str, float] = {}
+
+    while frames < cfg.total_frames and not (stop is not None and stop.is_set()):
+        t0 = time.perf_counter()
+        for step in range(a2c.n_steps):
+            with torch.no_grad():
+                logits, _ = model(rollout.obs[step])
+                actions = torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(1)
+            obs, rewards, dones, (cut, final_obs) = envs.step(actions.cpu().numpy())
+            rollout.actions[step] = actions
+            rollout.obs[step + 1].copy_(torch.from_numpy(obs))
+            rollout.rewards[step].copy_(torch.from_numpy(rewards))
+            rollout.dones[step].copy_(torch.from_numpy(dones))
+            if len(cut):  # time limit: bootstrap from the state the episode was cut in
+                with torch.no_grad():
+                    _, cut_values = model(torch.from_numpy(final_obs).to(device))
+                rollout.truncation_bonus(step, torch.from_numpy(cut).to(device), cut_values, a2c)
+        t1 = time.perf_counter()
+
+        losses = update(model, optimizer, rollout, a2c)
+        rollout.next_rollout()
+        updates += 1
+        frames += frames_per_update
+        t2 = time.perf_counter()
+
+        if gossip is not None and updates % cfg.gossip_every == 0:
+            gossip_stats = {k: float(v) for k, v in gossip.exchange(flat_params).items()}
+        t3 = time.perf_counter()
+        timing["rollout"] += t1 - t0
+        timing["learn"] += t2 - t1
+        timing["gossip"] += t3 - t2
+
+        for episode_return, _ in envs.pop_episodes():
+            recent_returns.append(episode_return)
+            returns_since_log.append(episode_return)
+            returns_since_report.append(episode_return)
+            episodes += 1
+        solved = (cfg.stop_at_return is not None and len(recent_returns) == recent_returns.maxlen
+                  and float(np.mean(recent_returns)) >= cfg.stop_at_return)
+        finished = solved or frames >= cfg.total_frames or (stop is not None and stop.is_set())
+
+        if updates % cfg.log_every == 0 or finished:
+            now = time.perf_counter()
+            row = {
+                "frames": frames,
+                "wall_s": counters["wall_s"] + now - start,
+                "updates": updates,
+                "episodic_return": float(np.mean(returns_since_log)) if returns_since_log else None,
+                "mean_return_100": float(np.mean(recent_returns)) if recent_returns else None,
+                "fps": (frames - last_log_frames) / max(now - last_log_time, 1e-9),
+                **{k: float(v) for k, v in losses.items()},
+                **gossip_stats,
+            }
+            log.write(row, {f"timing/{k}_s": v for k, v in timing.items()})
+            last_log_time, last_log_frames = now, frames
+            returns_since_log = []
+        if updates % cfg.checkpoint_every == 0 or finished:
+            save_checkpoint(checkpoint_path, {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "counters": {"updates": updates, "frames": frames, "episodes": episodes,
+                             "wall_s": counters["wall_s"] + time.perf_counter() - start},
+                "recent_returns": list(recent_returns),
+                "config": asdict(cfg),
+            })
+        if progress is not None and (finished or time.perf_counter() - last_report >= PROGRESS_EVERY_S):
+            last_report = time.perf_counter()
+            progress({"frames": frames, "wall_s": last_report - start, "gossip_s": timing["gossip"],
+                      "returns": returns_since_report,
+                      "consensus_distance": gossip_stats.get("gossip/consensus_distance")})
+            returns_since_report = []
+        if solved:
+            break
+
+    wall = time.perf_counter() - start
+    log.close()
+    envs.close()
+    return {
+        "frames": frames,
+        "wall_seconds": wall,
+        "fps": (frames - start_frames) / max(wall, 1e-9),
+        "mean_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
+        "episodes": episodes,
+        "updates": updates,
+        **{f"{k}_share": v / max(wall, 1e-9) for k, v in timing.items()},
+        **{f"{k}_s": v for k, v in timing.items()},
+    }
+
+
+def pick_device(device: str, rank: int) -> torch.device:
+    """Spread agents over the GPUs round-robin; 'auto' falls back to the CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' asked for, but no CUDA GPU is visible to torch; use 'cpu' or 'auto'")
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device(device)
+
+
+class MetricsLog:
+    """metrics.csv plus TensorBoard under the same names, both keyed by frames.
+
+    The CSV header is fixed when the first row is written (or read back on resume), so
+    every row lines up even if gossip later reports a key it did not report at first.
+    """
+
+    def __init__(self, agent_dir: Path, resume: bool, purge_step: int | None):
+        path = agent_dir / "metrics.csv"
+        self.columns: list[str] | None = None
+        if resume and path.exists() and path.stat().st_size > 0:
+            with open(path, newline="") as f:
+                self.columns = next(csv.reader(f))
+        self.file = open(path, "a" if self.columns else "w", newline="")
+        self.csv: csv.DictWriter | None = None
+        if self.columns:
+            self.csv = csv.DictWriter(self.file, self.columns, extrasaction="ignore")
+        self.tb = SummaryWriter(str(agent_dir), purge_step=purge_step)
+
+    def write(self, row: dict, extra_scalars: dict[str, float]) -> None:
+        if self.csv is None:
+            extras = sorted(k for k in row if k not in METRIC_COLUMNS)
+            self.columns = METRIC_COLUMNS + extras
+            self.csv = csv.DictWriter(self.file, self.columns, extrasaction="ignore")
+            self.csv.writeheader()
+        self.csv.writerow({k: ("" if v is None else v) for k, v in row.items()})
+        self.file.flush()
+        step = row["frames"]
+        names = {"episodic_return": "charts/episodic_return", "mean_return_100": "charts/mean_return_100",
+                 "fps": "charts/fps"}
+        for key, value in row.items():
+            if value is not None and (key in names or "/" in key):
+                self.tb.add_scalar(names.get(key, key), value, step)
+        for key, value in extra_scalars.items():
+            self.tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.file.close()
+        self.tb.close()
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be trusted; the message names the file and what is wrong with it."""
+
+
+def checkpoint_digest(state: dict) -> str:
+    """SHA-256 over everything a checkpoint holds (tensor bytes, dtypes, shapes, numbers, names).
+
+    It is computed from the values, not the file's bytes, and stored inside the file: a flipped
+    byte either breaks the file's structure (torch cannot read it) or changes a value (the
+    digest no longer matches), so no corruption loads silently with changed weights.
+    """
+    h = hashlib.sha256()
+
+    def feed(value) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, dict):
+            h.update(b"{")
+            for key, item in value.items():
+                feed(key)
+                feed(item)
+            h.update(b"}")
+        elif isinstance(value, (list, tuple)):
+            h.update(b"[")
+            for item in value:
+                feed(item)
+            h.update(b"]")
+        else:
+            h.update(repr((type(value).__name__, value)).encode())
+
+    feed({k: v for k, v in state.items() if k != "sha256"})
+    return h.hexdigest()
+
+
+def save_checkpoint(path: Path, state: dict) -> bool:
+    """Write to a temp file beside ``path``, fsync, then rename over it, so a crash mid-write
+    leaves the previous checkpoint intact rather than a truncated one.
+
+    A failed write (disk full, a read-only run dir) must not end hours of training: it is
+    skipped with a warning, the temp file removed and the previous checkpoint kept; returns
+    whether the checkpoint was written.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({**state, "sha256": checkpoint_digest(state)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return True
+    except OSError as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        log.warning("checkpoint not written to %s (%s); training goes on, the previous checkpoint is kept",
+                    path, err.strerror or err)
+        return False
+
+
+def load_checkpoint(path: Path) -> dict:
+    """Read a checkpoint (weights_only: nothing in it is executed) and refuse one that cannot be trusted."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"cannot resume: no checkpoint at {path}")
+    fix = "delete it (a rejoining agent then starts from its neighbours' parameters) or restore a copy"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, empty or scrambled files raise many different types
+        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint, truncated or corrupt ({reason}); {fix}") from None
+    if not isinstance(state, dict) or not {"model", "optimizer", "counters", "config"} <= state.keys():
+        raise CheckpointError(f"{path}: not a gossiprl checkpoint (no model/optimizer/counters/config); {fix}")
+    if "sha256" not in state:
+        log.warning("%s has no checksum (written by an older gossiprl): corruption cannot be detected", path)
+    elif state["sha256"] != checkpoint_digest(state):
+        raise CheckpointError(f"{path}: checksum mismatch, the file changed after it was written (corrupt); {fix}")
+    for name, value in state["model"].items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{path}: weight {name!r} holds NaN or infinity; {fix}")
+    counters = state["counters"]
+    for key in ("updates", "frames", "episodes"):
+        if type(counters.get(key)) is not int or counters[key] < 0:
+            raise CheckpointError(f"{path}: counter {key!r} is {counters.get(key)!r}, not a whole number >= 0; {fix}")
+    if not (isinstance(counters.get("wall_s"), float) and 0 <= counters["wall_s"] < math.inf):
+        raise CheckpointError(f"{path}: counter 'wall_s' is {counters.get('wall_s')!r}, not seconds >= 0; {fix}")
+    return state

@@ -1,0 +1,260 @@
+"""The `gossiprl` command as a user meets it: clear one-line errors, and real short runs."""
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from gossiprl.cli import main
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
+    result = invoke("topology", "show", "sparse", "-n", "8", "--plot", tmp_path / "g.png")
+    assert result.exit_code == 0, result.output
+    assert "slem" in result.output and "spectral gap" in result.output
+    assert (tmp_path / "g.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("args,words", [
+    (["topology", "show", "star"], "neither a topology"),
+    (["run", "--agents", "0"], "0 is not in the range"),
+    (["run", "--env", "NoSuchEnv-v9"], "NoSuchEnv-v9"),
+    (["run", "--topology", "mesh"], "ring, sparse, full"),
+    (["run", "--mode", "eventual"], "sync"),
+    (["run", "--stop-at-return", "high"], "'auto' or 'none'"),
+    (["run", "--aggregate", "mode"], "trimmed-mean"),
+    (["run", "--deviation-bound", "0.5"], "factor > 1, or 0"),
+    (["broker", "--agents", "4", "--topology", "sparse", "--peers", "9"], "peers"),
+    (["broker", "--topology", "ring"], "the ring topology needs the number of agents"),
+    (["run", "--topology", "ring", "--peers-per-round", "2"], "unknown option 'peers_per_round' for 'ring'"),
+    (["run", "--topology", "random-regular", "--option", "degree"], "give KEY=INTEGER"),
+])
+def test_bad_input_gets_one_clear_error(args, words):
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert words in result.output
+
+
+def test_run_builds_the_family_with_the_options_topology_show_takes(monkeypatch, tmp_path):
+    from gossiprl import launch
+
+    built = []
+
+    def record(swarm, *args, **kw):
+        built.append(launch.make_topology(swarm))
+        raise launch.RunError("recorded")
+
+    monkeypatch.setattr(launch, "run", record)
+    result = invoke("run", "--agents", 8, "--topology", "gala-exponential", "--peers-per-round", 2,
+                    "--run-dir", tmp_path / "r", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output
+    shown = invoke("topology", "show", "gala-exponential", "-n", 8, "--peers-per-round", 2)
+    assert shown.exit_code == 0 and built[0].describe().strip() in shown.output
+    assert built[0].out_peers(0, 0) == (1, 7) and built[0].out_peers(0, 1) == (2, 6)
+
+
+def test_matrix_file_that_is_not_row_stochastic_is_refused(tmp_path):
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.array([[0.5, 0.4], [0.5, 0.5]]))
+    result = invoke("run", "--agents", "2", "--topology", bad, "--run-dir", tmp_path / "r")
+    assert result.exit_code == 2 and "row 0" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_run_dir_holding_another_run_is_not_overwritten(tmp_path):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text('{"theirs": 1}')
+    result = invoke("run", "--agents", "2", "--run-dir", run_dir, "--no-progress")
+    assert result.exit_code == 1 and "already holds a run" in result.output
+    assert (run_dir / "config.json").read_text() == '{"theirs": 1}'
+
+
+def test_resume_without_a_run_says_so(tmp_path):
+    result = invoke("run", "--agents", "2", "--run-dir", tmp_path / "none", "--resume", "--no-progress")
+    assert result.exit_code == 1 and "holds no run" in result.output
+
+
+@pytest.mark.timeout(180)
+def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    result = invoke("run", "--agents", "2", "--topology", "ring", "--total-frames", 16000, "--log-every", 20,
+                    "--run-dir", run_dir, "--no-progress", "--stop-at-return", "none")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["agents"] == 2 and summary["frames"] >= 16000
+    assert summary["fps"] > 0 and summary["episodes"] > 0
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["swarm"]["topology"] == "ring" and config["agent"]["env_id"] == "CartPole-v1"
+    for rank in (0, 1):
+        agent_dir = run_dir / f"agent-{rank}"
+        header = (agent_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+        assert "gossip/consensus_distance" in header and "mean_return_100" in header
+        assert (agent_dir / "checkpoint.pt").stat().st_size > 0
+        assert any(p.name.startswith("events.out.tfevents") for p in agent_dir.iterdir())
+    result = invoke("eval", run_dir, "--episodes", 3, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["overall"]["episodes"] == 6
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
+    """Ctrl-C or a scheduler's SIGTERM: agents stop, checkpoint, and no process is left behind."""
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--total-frames", "100000000",
+         "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline and launcher.poll() is None, "agents never started training"
+        time.sleep(0.2)
+    children = _children(launcher.pid)
+    assert len(children) >= 2
+    launcher.send_signal(sig)
+    output, _ = launcher.communicate(timeout=90)
+    assert launcher.returncode == 130, output
+    assert "interrupted" in output
+    grace = time.monotonic() + 5  # multiprocessing's resource tracker leaves just after its parent
+    while [pid for pid in children if _alive(pid)] and time.monotonic() < grace:
+        time.sleep(0.1)
+    assert not [pid for pid in children if _alive(pid)], "agent processes outlived the launcher"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_by"] == "interrupted" and summary["frames"] > 0
+    for rank in (0, 1):
+        assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
+        assert not (run_dir / f"agent-{rank}" / "checkpoint.pt.tmp").exists()
+
+
+def _children(pid):
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _alive(pid):
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@pytest.mark.timeout(120)
+def test_agents_stop_by_themselves_when_the_launcher_is_killed(tmp_path):
+    """kill -9 on the launcher leaves no orphans: each agent checkpoints and exits."""
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--total-frames", "100000000",
+         "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline and launcher.poll() is None, "agents never started training"
+        time.sleep(0.2)
+    children = _children(launcher.pid)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 30
+    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in children if _alive(pid)], "agent processes outlived a killed launcher"
+    for rank in (0, 1):
+        assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
+
+
+def test_resume_with_another_env_is_refused_naming_both(tmp_path):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"agent": {"env_id": "CartPole-v1"}}))
+    result = invoke("run", "--agents", "2", "--env", "Acrobot-v1", "--run-dir", run_dir, "--resume", "--no-progress")
+    assert result.exit_code == 1
+    assert "trained on CartPole-v1, this run asks for Acrobot-v1" in result.output
+
+
+def test_eval_of_a_corrupt_checkpoint_is_one_line_naming_the_file(tmp_path):
+    (tmp_path / "agent-0").mkdir()
+    (tmp_path / "agent-0" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    result = invoke("eval", tmp_path)
+    assert result.exit_code == 1 and "agent-0/checkpoint.pt: not a readable checkpoint" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_an_agent_with_a_rank_the_swarm_lacks_gets_one_line(tmp_path):
+    import topologies
+    from gossiprl import Broker
+
+    with Broker(topologies.make("ring", 2)).start() as broker:
+        result = invoke("agent", "--connect", broker.address, "--rank", 5, "--total-frames", 80,
+                        "--run-dir", tmp_path)
+    assert result.exit_code == 1 and "rank 5 out of range" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", [["run"], ["eval", "."], ["agent", "--connect", "tcp://127.0.0.1:1"]])
+def test_training_commands_on_the_comms_only_install_say_which_extra(monkeypatch, command):
+    monkeypatch.setitem(sys.modules, "gymnasium", None)  # what `import gymnasium` meets without the rl extra
+    result = invoke(*command)
+    assert result.exit_code == 1 and "install the rl extra: pip install -e '.[rl]'" in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
+@pytest.mark.parametrize("command", [["run"], ["agent", "--connect", "tcp://127.0.0.1:1", "--rank", "0"],
+                                     ["eval", "."]])
+def test_device_cuda_without_a_gpu_is_refused_at_start(command):
+    result = invoke(*command, "--device", "cuda")
+    assert result.exit_code == 2 and "no CUDA GPU is visible" in result.output
+
+
+@pytest.mark.timeout(30)
+def test_an_agent_waiting_for_an_absent_broker_obeys_stop(tmp_path):
+    from gossiprl.rl.agent import AgentConfig
+    from gossiprl.launch import RunError, run_agent
+
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(RunError, match="stopped while waiting for the broker"):
+        run_agent("tcp://127.0.0.1:9", 0, AgentConfig(total_frames=80), tmp_path, stop=stop, connect_timeout=120,
+                  echo=lambda line: None)
+    assert time.monotonic() - t0 < 6  # within one liveness window of the signal, not the 120 s connect timeout
+
+
+def test_bench_mix_prints_mix_and_axpy_from_one_run():
+    result = invoke("bench", "mix", "--params", 50000, "--reps", 3)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "axpy" in line]
+    assert len(lines) == 4 and all(re.search(r"mix .* ms, axpy .* ms: \d+\.\d\dx", line) for line in lines)
+    assert [("hot" in line, "cold" in line) for line in lines] == [(True, False)] * 2 + [(False, True)] * 2
+
+
+def test_bench_train_runs_its_swarm_over_the_data_plane_asked_for(monkeypatch):
+    from gossiprl import launch
+    from gossiprl.bench import train as bench_train
+
+    swarms = []
+
+    def fake_run(swarm, cfg, run_dir, **kw):  # the swarm itself is test_dataplane's business
+        swarms.append(swarm)
+        shares = {"fps": 10.0, "rollout_share": 0.5, "learn_share": 0.3, "gossip_share": 0.2}
+        return {"per_agent": {rank: shares for rank in range(swarm.agents)}, "mean_return": 0.0}
+
+    monkeypatch.setattr(launch, "run", fake_run)
+    monkeypatch.setattr(bench_train, "raw_ceiling", lambda *a, **k: 100.0)
+    result = invoke("bench", "train", "--env", "CartPole-v1", "--seconds", 1, "--data-plane", "shm", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert [s.data_plane for s in swarms] == ["shm"] and "ring, sync, shm" in result.output
+    monkeypatch.setattr(launch, "run", lambda *a, **k: {"per_agent": {0: {"fps": 0.0}}, "mean_return": 0.0})
+    idle = invoke("bench", "train", "--env", "CartPole-v1", "--seconds", 1, "--device", "cpu")
+    assert idle.exit_code == 1 and "trained no frame within 1s" in idle.output and "gossiprl training" not in idle.output
+    refused = invoke("bench", "train", "--data-plane", "carrier-pigeon")
+    assert refused.exit_code == 2 and "'broker', 'shm', 'direct', 'auto'" in refused.output
