@@ -7,6 +7,7 @@ from the raw rewards, so they are the real game scores whether or not the loss c
 """
 from __future__ import annotations
 
+import importlib
 import re
 
 import ale_py
@@ -56,8 +57,34 @@ def _unknown(env_id: str) -> ValueError:
     return ValueError(
         f"unknown env id {env_id!r}: use a gymnasium registry id (e.g. 'CartPole-v1', 'Acrobot-v1') "
         f"or an Atari id (e.g. 'ALE/Pong-v5', 'BreakoutNoFrameskip-v4') "
-        f"or a MinAtar id (e.g. 'MinAtar/Breakout-v1')"
+        f"or a MinAtar id (e.g. 'MinAtar/Breakout-v1'), or MODULE:ENV_ID for an env that MODULE registers"
     )
+
+
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def registered_id(env_id: str) -> str:
+    """gymnasium's ``module:EnvId`` form: import the module that registers EnvId, return EnvId.
+
+    Agents of ``gossiprl run`` are fresh (spawned) processes, so an env that the user's own code
+    registers must be registered again in each of them; naming the module in the id does that
+    wherever the id travels (launcher, agents, eval, load_policy, a resumed run's config.json).
+    The name comes from the user's command line or config, never from a socket, and must be a
+    dotted Python name of a module already installed or on PYTHONPATH.
+    """
+    module, sep, name = env_id.rpartition(":")
+    if not sep:
+        return env_id
+    if not MODULE_NAME.fullmatch(module):
+        raise ValueError(f"{module!r} in env id {env_id!r} is not a Python module name; "
+                         f"give MODULE:ENV_ID, e.g. 'my_envs:Maze-v0'")
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        raise ValueError(f"cannot import {module!r}, the module env id {env_id!r} names to register "
+                         f"{name!r}: {err} (is it installed, or on PYTHONPATH?)") from None
+    return name
 
 
 def env_spec(env_id: str) -> float | None:
@@ -66,6 +93,7 @@ def env_spec(env_id: str) -> float | None:
     The threshold is gymnasium's ``reward_threshold`` (475 for CartPole-v1); Atari games have
     none, so a run on them stops at its frame budget unless told otherwise.
     """
+    env_id = registered_id(env_id)
     if is_atari(env_id):
         if atari_game(env_id) not in ale_py.roms.get_all_rom_ids():
             raise _unknown(env_id)
@@ -145,6 +173,7 @@ def make_env(env_id: str, num_envs: int, seed: int, *, sticky_actions: float = 0
     bounds ALE's worker threads so several agents on one host do not oversubscribe the cores.
     """
     env_spec(env_id)
+    env_id = registered_id(env_id)
     if is_atari(env_id):
         env = AtariVectorEnv(
             atari_game(env_id), num_envs, num_threads=num_threads, repeat_action_probability=sticky_actions,

@@ -265,9 +265,11 @@ UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marsha
 UNSAFE_BUILTINS = {"eval", "exec", "__import__", "compile"}
 UNSAFE_METHODS = {"recv_pyobj", "recv_serialized", "import_module", "Unpickler"}
 ALLOWED = {("gossiprl/bench/comms.py", "import pickle"), ("gossiprl/bench/comms.py", "pickle.dumps"),
-           ("gossiprl/bench/comms.py", "pickle.loads")}
-"""bench_comms.py measures the PALA paper's path (pickle + base64 through a Manager) between its
-own processes; it is the only place allowed to touch pickle, and only to dump and load."""
+           ("gossiprl/bench/comms.py", "pickle.loads"), ("gossiprl/rl/envs.py", ".import_module(")}
+"""bench/comms.py measures the PALA paper's path (pickle + base64 through a Manager) between its
+own processes; it is the only place allowed to touch pickle, and only to dump and load.
+rl/envs.py imports the module a ``MODULE:ENV_ID`` env id names (gymnasium's convention): the id
+comes from the user's command line or config, never from a socket."""
 
 
 def unsafe_uses(source: str) -> list[str]:
