@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .client import BrokerUnavailable, GossipClient, GossipTimeout
-from .wire import is_torch
+from .tensors import is_torch
 
 log = logging.getLogger("gossiprl.comms.gossip")
 

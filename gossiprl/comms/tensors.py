@@ -1,0 +1,117 @@
+"""The adapter between torch tensors and the numpy arrays the rest of the comms layer deals in.
+
+An agent hands the client torch tensors (CPU or CUDA, any float dtype), but a broker host has
+no RL stack, so ``wire`` and ``dataplane`` work on numpy arrays and leave every
+torch-specific step to this one module: telling a tensor from an array, bringing it to host
+memory in its wire dtype (a CUDA tensor through reused pinned buffers), and copying it into
+a data-plane slot.
+
+torch is never imported here: a tensor is recognised by duck typing, and once one is handed
+in, its caller has imported torch, so ``sys.modules["torch"]`` holds the module to use.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import wire
+
+
+def is_torch(x: Any) -> bool:
+    """A torch tensor, told by duck typing so this module never imports torch."""
+    return type(x).__module__.startswith("torch")
+
+
+def dtype_name(x: Any) -> str:
+    """The dtype's name as the wire spells it ("float32", "bfloat16"), for a tensor or an array."""
+    return str(x.dtype).removeprefix("torch.") if is_torch(x) else str(np.asarray(x).dtype)
+
+
+def finite(x: Any) -> bool:
+    """Whether ``x`` holds no NaN or infinity (integer and bool data always qualify)."""
+    if is_torch(x):
+        return not x.is_floating_point() or bool(sys.modules["torch"].isfinite(x).all())
+    arr = np.asarray(x)
+    return arr.dtype.kind != "f" or bool(np.isfinite(arr).all())
+
+
+class CudaStager:
+    """Reused pinned host buffers for CUDA tensors, one per (dtype, numel).
+
+    Allocating pinned memory is slow, so a long-lived client keeps one stager and the
+    device-to-host copy of each publish lands in the same pages every round.
+    """
+
+    def __init__(self):
+        self._buffers: dict = {}
+
+    def stage(self, t):
+        torch = sys.modules["torch"]
+        key = (t.dtype, t.numel())
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = torch.empty(t.numel(), dtype=t.dtype, pin_memory=True)
+        buf.copy_(t.reshape(-1), non_blocking=True)
+        torch.cuda.current_stream(t.device).synchronize()
+        return buf.view(t.shape)
+
+    def reset(self):
+        """Forget the buffers: after a failed send zmq may still hold one."""
+        self._buffers = {}
+
+
+def encode(name: str, value: Any, codec: str, stager: CudaStager | None = None) -> tuple[np.ndarray, str, str]:
+    """``wire.encode_array`` for torch tensors too: (host array of the wire bytes, wire dtype, decoded dtype).
+
+    A tensor is converted to the codec's dtype where it lives, so a CUDA tensor crosses to the
+    host already halved; bfloat16 comes back as its bits, which numpy can hold. A contiguous
+    CPU tensor that needs no conversion is not copied: the array is a view on its memory.
+    """
+    if not is_torch(value):
+        return wire.encode_array(name, value, codec)
+    torch = sys.modules["torch"]
+    t = value.detach()
+    orig = dtype_name(t)
+    if orig not in wire.DTYPES:
+        raise wire.WireError(f"tensor {name!r} has dtype {orig}; valid: {', '.join(wire.DTYPES)}", "bad-dtype")
+    dtype = orig
+    if t.is_floating_point() and codec != "raw":
+        dtype = "bfloat16" if codec == "bf16" else "float16"
+        converted = t.to(getattr(torch, dtype))
+        inf = torch.isinf(converted)
+        if bool(inf.any()):
+            overflow = inf & torch.isfinite(t)
+            if bool(overflow.any()):
+                raise wire.codec_overflow(name, codec, float(t[overflow].abs().max()))
+        t = converted
+    if dtype == "bfloat16":
+        t = t.view(torch.int16)
+    if t.is_cuda:
+        t = (stager or CudaStager()).stage(t)
+    return t.contiguous().numpy(), dtype, orig
+
+
+def pack(values: Mapping[str, Any], codec: str = "raw",
+         stager: CudaStager | None = None) -> tuple[list[dict], list]:
+    """``wire.pack_tensors`` for a dict of numpy arrays and torch tensors alike.
+
+    The same rule holds: the buffers may point at the tensors' memory (or at the stager's),
+    so neither may change until the send has completed.
+    """
+    return wire.pack_tensors(values, codec, functools.partial(encode, stager=stager))
+
+
+def copy_into(dst: np.ndarray, value: Any) -> None:
+    """Write ``value`` into a data-plane slot's array: one copy, device (or host) to the slot,
+    with no staging buffer in between. A bfloat16 tensor lands as its bits."""
+    if not is_torch(value):
+        np.copyto(dst, value, casting="no")
+        return
+    torch = sys.modules["torch"]
+    t = value.detach()
+    if t.dtype == torch.bfloat16:
+        t, dst = t.view(torch.int16), dst.view(np.int16)
+    torch.from_numpy(dst).copy_(t)
