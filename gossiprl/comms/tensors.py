@@ -1,10 +1,10 @@
 """The adapter between torch tensors and the numpy arrays the rest of the comms layer deals in.
 
 An agent hands the client torch tensors (CPU or CUDA, any float dtype), but a broker host has
-no RL stack, so ``wire`` and ``dataplane`` work on numpy arrays and leave every
+no RL stack, so ``wire``, ``dataplane`` and ``gossip`` work on numpy arrays and leave every
 torch-specific step to this one module: telling a tensor from an array, bringing it to host
-memory in its wire dtype (a CUDA tensor through reused pinned buffers), and copying it into
-a data-plane slot.
+memory in its wire dtype (a CUDA tensor through reused pinned buffers), copying it into a
+data-plane slot, and the few operations mixing needs on a tensor that stays on its device.
 
 torch is never imported here: a tensor is recognised by duck typing, and once one is handed
 in, its caller has imported torch, so ``sys.modules["torch"]`` holds the module to use.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
@@ -30,12 +31,25 @@ def dtype_name(x: Any) -> str:
     return str(x.dtype).removeprefix("torch.") if is_torch(x) else str(np.asarray(x).dtype)
 
 
+def is_floating(x: Any) -> bool:
+    return x.is_floating_point() if is_torch(x) else np.asarray(x).dtype.kind == "f"
+
+
 def finite(x: Any) -> bool:
     """Whether ``x`` holds no NaN or infinity (integer and bool data always qualify)."""
     if is_torch(x):
         return not x.is_floating_point() or bool(sys.modules["torch"].isfinite(x).all())
     arr = np.asarray(x)
     return arr.dtype.kind != "f" or bool(np.isfinite(arr).all())
+
+
+def named_tensors(params: Any) -> Mapping[str, Any]:
+    """A dict of name -> tensor/array for a dict, or for a torch module's parameters."""
+    if isinstance(params, Mapping):
+        return params
+    if hasattr(params, "named_parameters"):
+        return {name: p.data for name, p in params.named_parameters()}
+    raise TypeError(f"expected a dict of arrays/tensors or a torch module, got {type(params).__name__}")
 
 
 class CudaStager:
@@ -115,3 +129,49 @@ def copy_into(dst: np.ndarray, value: Any) -> None:
     if t.dtype == torch.bfloat16:
         t, dst = t.view(torch.int16), dst.view(np.int16)
     torch.from_numpy(dst).copy_(t)
+
+
+def flat_view(x: Any) -> np.ndarray | None:
+    """A writable flat numpy view on ``x``'s memory, or None where there is none (a CUDA,
+    bfloat16, strided or read-only tensor): the fast in-place mean needs one."""
+    if is_torch(x):
+        if x.is_cuda or str(x.dtype) == "torch.bfloat16" or not x.is_contiguous():
+            return None
+        x = x.detach().numpy()
+    if not isinstance(x, np.ndarray) or not x.flags.c_contiguous or not x.flags.writeable:
+        return None
+    return x.reshape(-1)
+
+
+def as_torch(array: np.ndarray, like):
+    """A received array as a tensor on ``like``'s device and in its dtype."""
+    torch = sys.modules["torch"]
+    with warnings.catch_warnings():  # the letter is read-only, and torch only reads it here
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array).to(device=like.device, dtype=like.dtype, non_blocking=True)
+
+
+def as_like(array: np.ndarray, like: Any):
+    """A received array in the form ``like`` takes: moved to its device when it is a tensor, as is when numpy."""
+    return as_torch(array, like) if is_torch(like) else array
+
+
+def squared_norm(x: Any) -> float:
+    """|x|^2 as a float: summed in float64 for an array, in float32 on its device for a tensor."""
+    return float(x.float().pow(2).sum()) if is_torch(x) else float(np.square(x, dtype=np.float64).sum())
+
+
+def sorted_stack(values: list) -> Any:
+    """The values stacked along a new first axis and sorted along it: a robust aggregate's order statistics."""
+    if is_torch(values[0]):
+        torch = sys.modules["torch"]
+        return torch.sort(torch.stack(values), dim=0).values
+    return np.sort(np.stack(values), axis=0)
+
+
+def assign(x: Any, value: Any) -> None:
+    """x[...] = value in place, cast to x's dtype; ``value`` is of x's kind (see as_like)."""
+    if is_torch(x):
+        x.copy_(value)
+    else:
+        np.copyto(x, value, casting="unsafe")
