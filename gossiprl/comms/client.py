@@ -10,17 +10,16 @@ and the next call registers again (ZeroMQ restores connections, not registration
 from __future__ import annotations
 
 import itertools
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import numpy as np
 import zmq
 
 import topologies
 
 from . import dataplane, keys, wire
+from .tensors import CudaStager, finite, pack
 
 
 class GossipError(RuntimeError):
@@ -77,7 +76,7 @@ class GossipClient:
         """Where letters' bytes go when the broker's swarm uses a data plane (WELCOME says which)."""
         self._watch: keys.HandshakeWatch | None = None
         self._seq = itertools.count(1)
-        self._stager = wire.CudaStager()
+        self._stager = CudaStager()
         self._sock: zmq.Socket | None = None
         self.topology = None
         self.mode = None
@@ -229,7 +228,7 @@ class GossipClient:
             _refuse_non_finite(tensors)
         if self._plane is not None:
             return (wire.PUBLISH, *self._plane.publish(tensors, self.round))
-        schema, buffers = wire.pack_tensors(tensors, self.codec, self._stager)
+        schema, buffers = pack(tensors, self.codec, self._stager)
         nbytes = sum(spec["nbytes"] for spec in schema)
         if self.max_payload is not None and nbytes > self.max_payload:  # the broker would drop the connection
             raise ValueError(f"{nbytes} bytes of tensors in one letter; the broker takes at most {self.max_payload}")
@@ -332,10 +331,5 @@ class GossipClient:
 def _refuse_non_finite(tensors: Mapping[str, Any]) -> None:
     """One diverged agent must not poison the swarm: refuse to send NaN or infinity at all."""
     for name, value in tensors.items():
-        if wire.is_torch(value):
-            if value.is_floating_point() and not bool(sys.modules["torch"].isfinite(value).all()):
-                raise ValueError(f"tensor {name!r} holds NaN or infinity; refusing to publish it")
-        else:
-            arr = np.asarray(value)
-            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                raise ValueError(f"tensor {name!r} holds NaN or infinity; refusing to publish it")
+        if not finite(value):
+            raise ValueError(f"tensor {name!r} holds NaN or infinity; refusing to publish it")

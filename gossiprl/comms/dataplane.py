@@ -22,8 +22,8 @@ broker restart (which starts rounds again at 0). In async mode nothing holds a w
 reader copies the slot and then checks the version: a letter overwritten while copied is dropped
 and counted, never mixed.
 
-This module never imports torch: a CUDA tensor is copied device-to-host once, straight into the
-slot, through the torch module its caller already imported.
+Torch tensors are left to ``tensors``, which copies a CUDA one device-to-host once, straight
+into the slot.
 """
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ import mmap
 import os
 import socket
 import stat
-import sys
 import threading
 import time
 import uuid
@@ -46,6 +45,7 @@ import numpy as np
 import zmq
 
 from . import keys, wire
+from .tensors import copy_into, dtype_name, pack
 
 log = logging.getLogger("gossiprl.comms.dataplane")
 
@@ -99,7 +99,7 @@ def _specs_of(tensors: Mapping[str, Any]) -> list[wire.TensorSpec]:
     for name, value in tensors.items():
         if not isinstance(name, str) or not 0 < len(name) <= wire.MAX_NAME_CHARS:
             raise ValueError(f"tensor names must be strings of 1..{wire.MAX_NAME_CHARS} characters, got {name!r}")
-        dtype = str(value.dtype).removeprefix("torch.")
+        dtype = dtype_name(value)
         if dtype not in _DTYPES:
             raise ValueError(f"tensor {name!r} has dtype {dtype}; valid: {', '.join(wire.DTYPES)}")
         shape = tuple(int(s) for s in value.shape)
@@ -154,10 +154,7 @@ class Segment:
         buf = self.payload(slot)
         for spec, offset, value in zip(specs, self.offsets, tensors.values()):
             dst = np.frombuffer(buf, _DTYPES[spec.dtype], math.prod(spec.shape), offset).reshape(spec.shape)
-            if wire.is_torch(value):
-                _copy_from_torch(dst, value)
-            else:
-                np.copyto(dst, value, casting="no")
+            copy_into(dst, value)
         head[1] = round
         head[0] = 2 * k + 2
         return specs, {"pid": os.getpid(), "fd": self.fd, "token": self.token.hex(), "slot": slot,
@@ -172,16 +169,6 @@ class Segment:
                 pass
             os.close(self.fd)
         self.map, self.fd = None, None
-
-
-def _copy_from_torch(dst: np.ndarray, t) -> None:
-    """One copy, device (or host) to the slot: no staging buffer in between."""
-    torch = sys.modules["torch"]
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-        dst = dst.view(np.int16)
-    torch.from_numpy(dst).copy_(t)
 
 
 def split_payload(buf, specs: Sequence[wire.TensorSpec]) -> dict[str, np.ndarray]:
@@ -521,7 +508,7 @@ class AgentPlane:
             # The previous letter got no ACK (a timeout, a lost broker): some reader may still hold
             # it, or the one before, in place, so no slot is known to be free. This letter travels
             # through the broker, bytes and all, like any relay letter.
-            schema, frames = wire.pack_tensors(tensors)
+            schema, frames = pack(tensors)
             self.counts["sent-inline"] += 1
             return {"round": round, "tensors": schema}, frames
         self.acked = False

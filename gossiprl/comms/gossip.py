@@ -1,16 +1,14 @@
 """Gossip mixing: turn the letters a client collected into x_i <- sum_j p_ij x_j, in place.
 
 This is the layer between the transport (GossipClient) and the learner: it knows about
-parameters (numpy arrays, or torch tensors on any device) but not about sockets. torch is
-used only when the caller hands torch objects in; importing this module does not import it.
+parameters (numpy arrays, or torch tensors on any device) but not about sockets. What it
+does to a torch tensor, ``tensors`` does, so importing this module does not import torch.
 """
 from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -18,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .client import BrokerUnavailable, GossipClient, GossipTimeout
-from .wire import is_torch
+from .tensors import as_like, assign, dtype_name, flat_view, is_floating, named_tensors, sorted_stack, squared_norm
 
 log = logging.getLogger("gossiprl.comms.gossip")
 
@@ -99,29 +97,12 @@ class DeviationBound:
         self.recent.extend(distances)
 
 
-def _named_tensors(params: Any) -> Mapping[str, Any]:
-    """A dict of name -> tensor/array for a dict, or for a torch module's parameters."""
-    if isinstance(params, Mapping):
-        return params
-    if hasattr(params, "named_parameters"):
-        return {name: p.data for name, p in params.named_parameters()}
-    raise TypeError(f"expected a dict of arrays/tensors or a torch module, got {type(params).__name__}")
-
-
 def refuse_integers(own: Mapping[str, Any]) -> None:
     """Mixing integer tensors would truncate (7 and 9 average to 7, all-ones become zeros): refuse them."""
     for name, x in own.items():
-        floating = x.is_floating_point() if is_torch(x) else np.asarray(x).dtype.kind == "f"
-        if not floating:
-            raise MixError(f"tensor {name!r} has dtype {str(x.dtype).removeprefix('torch.')}; gossip mixes only "
+        if not is_floating(x):
+            raise MixError(f"tensor {name!r} has dtype {dtype_name(x)}; gossip mixes only "
                            "floating-point tensors: cast it to float32 (and round after mixing if it must stay whole)")
-
-
-def _as_torch(array: np.ndarray, like):
-    torch = sys.modules["torch"]
-    with warnings.catch_warnings():  # the letter is read-only, and torch only reads it here
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(array).to(device=like.device, dtype=like.dtype, non_blocking=True)
 
 
 def _same_schema(letter: Mapping[str, np.ndarray], own: Mapping[str, Any]) -> bool:
@@ -133,13 +114,10 @@ def _flat_numpy(own: Mapping[str, Any]) -> list[tuple[str, np.ndarray]] | None:
     """Writable flat numpy views of our tensors (CPU torch tensors included), or None when one has none."""
     views = []
     for name, x in own.items():
-        if is_torch(x):
-            if x.is_cuda or str(x.dtype) == "torch.bfloat16" or not x.is_contiguous():
-                return None
-            x = x.detach().numpy()
-        if not isinstance(x, np.ndarray) or not x.flags.c_contiguous or not x.flags.writeable:
+        view = flat_view(x)
+        if view is None:
             return None
-        views.append((name, x.reshape(-1)))
+        views.append((name, view))
     return views
 
 
@@ -172,7 +150,7 @@ def mix(params: Any, msgs: Mapping[int, Mapping[str, np.ndarray]], weights: Mapp
     """
     if aggregate not in AGGREGATES:
         raise ValueError(f"unknown aggregate {aggregate!r}; valid: {', '.join(AGGREGATES)}")
-    own = _named_tensors(params)
+    own = named_tensors(params)
     refuse_integers(own)
     usable, dropped = {}, []
     for peer, letter in msgs.items():
@@ -290,19 +268,14 @@ def _careful(own: Mapping[str, Any], letters, w_self: float, w_peers: dict[int, 
     found = _Pass({j: 0.0 for j in letters})
     moved = {}
     for name, x in own.items():
-        if is_torch(x):
-            moved[name] = {j: _as_torch(letter[name], x) for j, letter in letters.items()}
-            found.own_sq += float(x.float().pow(2).sum())
-        else:
-            moved[name] = {j: letter[name] for j, letter in letters.items()}
-            found.own_sq += float(np.square(x, dtype=np.float64).sum())
+        moved[name] = {j: as_like(letter[name], x) for j, letter in letters.items()}
+        found.own_sq += squared_norm(x)
         mean_step = 0.0
         for j, w in w_peers.items():
             d = moved[name][j] - x
-            found.sq[j] += float(d.float().pow(2).sum()) if is_torch(d) else float(np.square(d, dtype=np.float64).sum())
+            found.sq[j] += squared_norm(d)
             mean_step = mean_step + w * d
-        found.consensus_sq += (float(mean_step.float().pow(2).sum()) if is_torch(mean_step)
-                               else float(np.square(mean_step, dtype=np.float64).sum()))
+        found.consensus_sq += squared_norm(mean_step)
     if check_finite and not math.isfinite(found.own_sq):
         found.own_bad = True
         return found
@@ -317,21 +290,14 @@ def _careful(own: Mapping[str, Any], letters, w_self: float, w_peers: dict[int, 
                 value = value + w * ms[j]
         else:
             value = _robust(aggregate, [x, *ms.values()])
-        if is_torch(x):
-            x.copy_(value)
-        else:
-            np.copyto(x, value, casting="unsafe")
+        assign(x, value)
     return found
 
 
 def _robust(aggregate: str, values: list):
     """Coordinate-wise median or trimmed mean of our tensor and the letters' (numpy or torch alike)."""
     n = len(values)
-    if is_torch(values[0]):
-        torch = sys.modules["torch"]
-        ordered = torch.sort(torch.stack(values), dim=0).values
-    else:
-        ordered = np.sort(np.stack(values), axis=0)
+    ordered = sorted_stack(values)
     if aggregate == "median":
         return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
     cut = max(1, n // 4) if n >= 3 else 0
@@ -340,7 +306,7 @@ def _robust(aggregate: str, values: list):
 
 def load_tensors(target: Any, arrays: Mapping[str, np.ndarray]) -> None:
     """Copy received arrays into a torch module's parameters or a dict of tensors/arrays, on their devices."""
-    own = _named_tensors(target)
+    own = named_tensors(target)
     missing = own.keys() - arrays.keys()
     if missing:
         raise KeyError(f"arrays lack {sorted(missing)}; have {sorted(arrays)}")
@@ -348,10 +314,7 @@ def load_tensors(target: Any, arrays: Mapping[str, np.ndarray]) -> None:
         if tuple(arrays[name].shape) != tuple(x.shape):
             raise ValueError(f"{name}: shape {tuple(arrays[name].shape)} != {tuple(x.shape)}")
     for name, x in own.items():
-        if is_torch(x):
-            x.copy_(_as_torch(arrays[name], x))
-        else:
-            np.copyto(x, arrays[name], casting="unsafe")
+        assign(x, as_like(arrays[name], x))
 
 
 class Gossip:

@@ -1,21 +1,21 @@
 """The gossiprl wire format: the one module the broker and the client share.
 
 A message is a list of frames: a msgpack header, then one raw frame per tensor.
-Encoding never copies a contiguous CPU tensor (the frame points at its memory);
+Encoding never copies a contiguous array (the frame points at its memory);
 decoding hands back numpy views on the received frames. Everything that arrives is
 validated here before anyone acts on it, and nothing received is ever executed: the
 header is plain msgpack data, the payload plain bytes. PROTOCOL.md is the normative text.
 
-No socket lives here, and torch is never imported: torch tensors are recognised by duck
-typing, and the CUDA staging path uses the torch module the caller already imported.
+No socket lives here, and only numpy arrays: ``pack_tensors`` turns a dict of them into a
+schema and buffers, ``unpack_tensors`` turns frames back. Other libraries' tensors reach the
+wire through ``gossiprl.comms.tensors``, which brings them to host memory in their wire dtype first.
 """
 from __future__ import annotations
 
 import math
 import reprlib
-import sys
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import msgpack
 import numpy as np
@@ -115,27 +115,26 @@ def encode(cmd: str, fields: Mapping[str, Any] | None = None, frames: Sequence =
     return [msgpack.packb(header, use_bin_type=True), *frames]
 
 
-def is_torch(x: Any) -> bool:
-    """A torch tensor, told by duck typing so this module never imports torch."""
-    return type(x).__module__.startswith("torch")
-
-
 CODEC_MAX = {"fp16": 65504.0, "bf16": 3.3895313892515355e38}
 """The largest finite value each codec carries; a finite value beyond it would arrive as infinity."""
 
 
-def _refuse_overflow(name: str, codec: str, inf, original, isfinite) -> None:
-    """Refuse, rather than saturate: a receiver drops a letter with infinities, so the sender must
-    hear why its parameters went nowhere, and silently clipped weights would be wrong weights.
-    ``inf`` marks the infinities after conversion (numpy or torch alike); only those that were
-    finite before are refused (a sender that skips its finite check may send infinity itself)."""
-    if not bool(inf.any()):
+def codec_overflow(name: str, codec: str, peak: float) -> ValueError:
+    """Why a tensor was refused, rather than saturated: a receiver drops a letter with infinities,
+    so the sender must hear why its parameters went nowhere, and silently clipped weights would be
+    wrong weights. Only values finite before conversion count (a sender that skips its finite
+    check may send infinity itself); ``peak`` is the largest of them."""
+    return ValueError(f"tensor {name!r} holds {peak:.6g}, beyond the largest value {codec} can carry "
+                      f"({CODEC_MAX[codec]:.6g}); publish it with codec='raw' (--codec raw)")
+
+
+def _refuse_overflow(name: str, codec: str, inf: np.ndarray, original: np.ndarray) -> None:
+    """Raise codec_overflow where ``inf`` (the infinities after conversion) marks a value that was finite."""
+    if not inf.any():
         return
-    overflow = inf & isfinite(original)
-    if bool(overflow.any()):
-        peak = float(abs(original[overflow]).max())
-        raise ValueError(f"tensor {name!r} holds {peak:.6g}, beyond the largest value {codec} can carry "
-                         f"({CODEC_MAX[codec]:.6g}); publish it with codec='raw' (--codec raw)")
+    overflow = inf & np.isfinite(original)
+    if overflow.any():
+        raise codec_overflow(name, codec, float(abs(original[overflow]).max()))
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -154,33 +153,36 @@ def _bf16_bits(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _torch_to_numpy(name: str, t, codec: str, stager: "CudaStager | None") -> tuple[np.ndarray, str, str]:
-    torch = sys.modules["torch"]
-    t = t.detach()
-    orig = str(t.dtype).removeprefix("torch.")
-    if orig not in _ITEMSIZE:
-        raise WireError(f"tensor dtype {orig} cannot travel; valid: {', '.join(DTYPES)}", "bad-dtype")
+def encode_array(name: str, value: Any, codec: str) -> tuple[np.ndarray, str, str]:
+    """One array as it travels under ``codec``: (contiguous array of its wire bytes, wire dtype,
+    dtype it decodes to). A contiguous array that needs no conversion is returned as is, not copied."""
+    arr = np.asarray(value)
+    if not arr.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
+        arr = arr.copy(order="C")
+    orig = arr.dtype.name
+    if orig not in _ITEMSIZE or orig == "bfloat16":
+        raise ValueError(f"tensor {name!r} has dtype {orig}; valid: {', '.join(d for d in DTYPES if d != 'bfloat16')}")
     wire = orig
-    if orig in _FLOATS and codec != "raw":
-        wire = "bfloat16" if codec == "bf16" else "float16"
-        converted = t.to(getattr(torch, wire))
-        _refuse_overflow(name, codec, torch.isinf(converted), t, torch.isfinite)
-        t = converted
-    if wire == "bfloat16":
-        t = t.view(torch.int16)
-    if t.is_cuda:
-        t = (stager or CudaStager()).stage(t)
-    arr = t.contiguous().numpy()
+    if orig in _FLOATS and codec == "bf16":
+        source, arr, wire = arr, _bf16_bits(arr), "bfloat16"
+        _refuse_overflow(name, codec, (arr & 0x7FFF) == 0x7F80, source)
+    elif orig in _FLOATS and codec == "fp16":
+        with np.errstate(over="ignore"):  # refused just below, with a clearer word than numpy's
+            source, arr, wire = arr, arr.astype(np.float16), "float16"
+        _refuse_overflow(name, codec, np.isinf(arr), source)
     return arr, wire, orig
 
 
 def pack_tensors(tensors: Mapping[str, Any], codec: str = "raw",
-                 stager: "CudaStager | None" = None) -> tuple[list[dict], list]:
-    """Tensor schema (header part) and payload buffers for a dict of numpy arrays / torch tensors.
+                 convert: Callable[[str, Any, str], tuple[np.ndarray, str, str]] = encode_array
+                 ) -> tuple[list[dict], list]:
+    """Tensor schema (header part) and payload buffers for a dict of numpy arrays.
 
-    Contiguous CPU float32 data is not copied: the buffer handed back points at the tensor's
-    memory, so the caller must not modify it until the send has completed (GossipClient
-    guarantees this by waiting for the broker's ACK).
+    ``convert`` turns one value into what travels, as encode_array does for numpy arrays;
+    ``gossiprl.comms.tensors.pack`` passes one that takes other libraries' tensors as well.
+    Contiguous data that needs no conversion is not copied: the buffer handed back points at
+    the array's memory, so the caller must not modify it until the send has completed
+    (GossipClient guarantees this by waiting for the broker's ACK).
     """
     if codec not in CODECS:
         raise ValueError(f"unknown codec {codec!r}; valid: {', '.join(CODECS)}")
@@ -192,54 +194,13 @@ def pack_tensors(tensors: Mapping[str, Any], codec: str = "raw",
     for name, value in tensors.items():
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
             raise ValueError(f"tensor names must be strings of 1..{MAX_NAME_CHARS} characters, got {name!r}")
-        if is_torch(value):
-            arr, wire, orig = _torch_to_numpy(name, value, codec, stager)
-        else:
-            arr = np.asarray(value)
-            if not arr.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
-                arr = arr.copy(order="C")
-            orig = arr.dtype.name
-            if orig not in _ITEMSIZE or orig == "bfloat16":
-                raise ValueError(f"tensor {name!r} has dtype {orig}; valid: {', '.join(d for d in DTYPES if d != 'bfloat16')}")
-            wire = orig
-            if orig in _FLOATS and codec == "bf16":
-                source, arr, wire = arr, _bf16_bits(arr), "bfloat16"
-                _refuse_overflow(name, codec, (arr & 0x7FFF) == 0x7F80, source, np.isfinite)
-            elif orig in _FLOATS and codec == "fp16":
-                with np.errstate(over="ignore"):  # refused just below, with a clearer word than numpy's
-                    source, arr, wire = arr, arr.astype(np.float16), "float16"
-                _refuse_overflow(name, codec, np.isinf(arr), source, np.isfinite)
+        arr, wire, orig = convert(name, value, codec)
         if arr.ndim > MAX_NDIM:
             raise ValueError(f"tensor {name!r} has {arr.ndim} dimensions; at most {MAX_NDIM}")
         spec = TensorSpec(name, wire, tuple(arr.shape), arr.nbytes, orig)
         schema.append(spec.to_wire())
         buffers.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
     return schema, buffers
-
-
-class CudaStager:
-    """Reused pinned host buffers for CUDA tensors, one per (dtype, numel).
-
-    Allocating pinned memory is slow, so a long-lived client keeps one stager and the
-    device-to-host copy of each publish lands in the same pages every round.
-    """
-
-    def __init__(self):
-        self._buffers: dict = {}
-
-    def stage(self, t):
-        torch = sys.modules["torch"]
-        key = (t.dtype, t.numel())
-        buf = self._buffers.get(key)
-        if buf is None:
-            buf = self._buffers[key] = torch.empty(t.numel(), dtype=t.dtype, pin_memory=True)
-        buf.copy_(t.reshape(-1), non_blocking=True)
-        torch.cuda.current_stream(t.device).synchronize()
-        return buf.view(t.shape)
-
-    def reset(self):
-        """Forget the buffers: after a failed send zmq may still hold one."""
-        self._buffers = {}
 
 
 # ---------------------------------------------------------------- decoding

@@ -92,16 +92,6 @@ def test_compressed_codecs_still_carry_what_fits_and_pass_infinity_on():
     assert out[0] == 65504.0 and out[1] == -65504.0 and np.isposinf(out[2])
 
 
-def test_torch_tensors_travel_and_decode_to_numpy():
-    torch = pytest.importorskip("torch")
-    t = torch.randn(5, 7)
-    out = roundtrip({"t": t, "b": t.to(torch.bfloat16)})
-    np.testing.assert_array_equal(out["t"], t.numpy())
-    np.testing.assert_array_equal(out["b"], t.to(torch.bfloat16).float().numpy())
-    bf = roundtrip({"t": t}, "bf16")["t"]
-    np.testing.assert_array_equal(bf, t.to(torch.bfloat16).float().numpy())
-
-
 def test_pack_rejects_bad_input_with_clear_errors():
     with pytest.raises(ValueError, match="codec"):
         wire.pack_tensors({"x": np.zeros(1)}, "zip")
