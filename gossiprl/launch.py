@@ -272,6 +272,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     topo = make_topology(swarm) if swarm.topology is not None else None
     agent_cfg = replace(agent_cfg, agents_per_host=swarm.agents, total_frames=max(1, swarm.total_frames // swarm.agents))
     run_dir = Path(run_dir)
+    earlier_wall = _earlier_wall_seconds(run_dir) if resume else 0.0
     prepare_run_dir(run_dir, resume, {"swarm": asdict(swarm), "agent": asdict(agent_cfg),
                                       "topology": topo.to_dict() if topo else None})
     swarm_log = SwarmLog(run_dir, {"swarm": asdict(swarm), "agent": asdict(agent_cfg)}, track)
@@ -368,10 +369,10 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
             bar(None)
     wall = time.perf_counter() - start
     frames = sum(s["frames"] for s in summaries.values())
-    # Earlier sessions of a resumed run: the longest any agent had trained (its checkpoint's
-    # wall_s). That is all that survives a launcher killed outright, and it leaves out only
-    # the seconds each session spends starting its agents.
-    before = max((s["run_wall_seconds"] - s["wall_seconds"] for s in summaries.values()), default=0.0)
+    # Earlier sessions of a resumed run: the last summary.json's wall_seconds, or where a launcher
+    # killed outright wrote none since, the longest any agent had trained (its checkpoint's wall_s,
+    # which leaves out only the seconds each session spends starting its agents).
+    before = max([earlier_wall, *(s["run_wall_seconds"] - s["wall_seconds"] for s in summaries.values())])
     if solved_at is not None:
         solved_at["wall_seconds"] = before + solved_at["session_wall_seconds"]
     summary = {
@@ -379,9 +380,8 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
         "wall_seconds": before + wall,
         "session_wall_seconds": wall,
         "fps": sum(s["fps"] * s["wall_seconds"] for s in summaries.values()) / wall,
-        "time_definition": "frames and wall_seconds cover every session of the run (earlier sessions' "
-                           "seconds from the agents' checkpoints); session_wall_seconds and fps only this "
-                           "session: fps is the frames trained in it over its seconds",
+        "time_definition": "frames and wall_seconds cover every session of the run; session_wall_seconds "
+                           "and fps only this one: fps is the frames trained in it over its seconds",
         "mean_return": progress.mean_return,
         "mean_return_definition": "mean of the last 100 episodes of all agents pooled (the stop rule); "
                                   "agents_mean_return / agents_min_return: mean and worst of each agent's "
@@ -401,6 +401,14 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     os.replace(tmp_path, run_dir / "summary.json")
     swarm_log.close(summary)
     return summary
+
+
+def _earlier_wall_seconds(run_dir: Path) -> float:
+    """The wall_seconds of the run's last summary.json: every session before this one (0 if none)."""
+    try:
+        return float(json.loads((run_dir / "summary.json").read_text())["wall_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def _mean(values: list[float]) -> float:
