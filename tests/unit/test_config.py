@@ -3,6 +3,8 @@
 The commands are invoked for real, with launch.run / launch.run_agent replaced by a recorder
 that keeps the configs they were handed and stops there, so nothing trains."""
 import json
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 
 import pytest
@@ -155,7 +157,7 @@ def test_unknown_keys_and_bad_values_are_refused_in_one_line_and_nothing_starts(
     assert recorded == [] and not (tmp_path / "r").exists()
 
 
-def _saved_run(tmp_path, **swarm) -> "Path":
+def _saved_run(tmp_path, **swarm):
     run_dir = tmp_path / "x"
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps({
@@ -224,3 +226,10 @@ def test_a_config_json_from_before_agents_per_host_still_resumes(tmp_path, recor
     assert result.exit_code == 1 and "recorded" in result.output, result.output
     (swarm_cfg, _, _), _ = recorded[0]
     assert swarm_cfg.total_frames == 3000
+
+
+def test_the_command_line_is_built_without_importing_torch():
+    """The settings dataclasses are torch-free so `gossiprl broker` starts on the comms-only install."""
+    code = "import sys, gossiprl.cli; print(sorted({'torch', 'gymnasium'} & sys.modules.keys()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
