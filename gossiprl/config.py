@@ -289,24 +289,23 @@ def _upgrade(data: dict) -> dict:
     return {**data, "swarm": swarm, "agent": agent}
 
 
+def _yaml(text: str):
+    import yaml  # the rl extra's; imported here so the comms-only install never needs it
+
+    return yaml.safe_load(text)
+
+
+READERS = {".toml": tomllib.loads, ".yaml": _yaml, ".yml": _yaml, ".json": json.loads}
+
+
 def load_file(path: Path) -> dict:
     """A TOML, YAML or JSON file's table of settings, or one line saying why not."""
     path = Path(path)
     suffix = path.suffix.lower()
+    if suffix not in READERS:
+        raise click.BadParameter(f"{path}: give a .toml, .yaml / .yml or .json file", param_hint="--config")
     try:
-        text = path.read_text()
-        if suffix == ".toml":
-            data = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        elif suffix == ".json":
-            data = json.loads(text)
-        else:
-            raise click.BadParameter(f"{path}: give a .toml, .yaml / .yml or .json file", param_hint="--config")
-    except click.BadParameter:
-        raise
+        data = READERS[suffix](path.read_text())
     except OSError as err:
         raise click.BadParameter(f"cannot read {path}: {err.strerror}", param_hint="--config") from None
     except ImportError:
@@ -351,10 +350,11 @@ def resume_values(ctx: click.Context, settings: Settings, run_dir: Path | None, 
     if not path.exists():
         raise click.ClickException(f"cannot resume: {run_dir} holds no run (no config.json)")
     saved = settings.read(ctx, load_file(path), str(path))
-    conflicts = [f"{settings.by_name[name].as_flag(ctx.params[name])} conflicts with the run's "
-                 f"{name}={saved[name]}" for name in sorted(settings.given(ctx), key=list(settings.by_name).index)
-                 if name in saved and ctx.params[name] != saved[name]
-                 and not settings.by_name[name].field.metadata.get("may_change_on_resume")]
+    conflicts, given = [], settings.given(ctx)
+    for name, setting in settings.by_name.items():
+        if (name in given and name in saved and ctx.params[name] != saved[name]
+                and not setting.field.metadata.get("may_change_on_resume")):
+            conflicts.append(f"{setting.as_flag(ctx.params[name])} conflicts with the run's {name}={saved[name]}")
     if conflicts:
         raise click.ClickException(f"cannot resume {run_dir}: {', '.join(conflicts)} (config.json); "
                                    f"drop {'the flag' if len(conflicts) == 1 else 'these flags'} or start a new --run-dir")
