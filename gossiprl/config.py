@@ -316,7 +316,8 @@ def load_file(path: Path) -> dict:
     if data is None:  # an empty YAML file
         return {}
     if not isinstance(data, dict):
-        raise click.BadParameter(f"{path} holds a {type(data).__name__}, not a table of settings", param_hint="--config")
+        raise click.BadParameter(f"{path} holds a {type(data).__name__}, not a table of settings",
+                                 param_hint="--config")
     return data
 
 
@@ -356,6 +357,7 @@ def resume_values(ctx: click.Context, settings: Settings, run_dir: Path | None, 
                 and not setting.field.metadata.get("may_change_on_resume")):
             conflicts.append(f"{setting.as_flag(ctx.params[name])} conflicts with the run's {name}={saved[name]}")
     if conflicts:
+        flags = "the flag" if len(conflicts) == 1 else "these flags"
         raise click.ClickException(f"cannot resume {run_dir}: {', '.join(conflicts)} (config.json); "
-                                   f"drop {'the flag' if len(conflicts) == 1 else 'these flags'} or start a new --run-dir")
+                                   f"drop {flags} or start a new --run-dir")
     return settings.resolve(ctx, saved)

@@ -263,14 +263,16 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     """Train a swarm on this host; returns (and writes) summary.json's contents.
 
     The swarm's budget is ``swarm.total_frames``: each agent's ``total_frames`` (and its
-    ``agents_per_host``) is set from the swarm, whatever ``agent_cfg`` held. ``track`` ({"project", "entity"}) mirrors the swarm's TensorBoard run to Weights & Biases;
+    ``agents_per_host``) is set from the swarm, whatever ``agent_cfg`` held. ``track``
+    ({"project", "entity"}) mirrors the swarm's TensorBoard run to Weights & Biases;
     ``metrics_port`` serves the broker's stats on loopback (``gossiprl top``, Prometheus)."""
     from dataclasses import replace
 
     from .rl.swarmlog import SwarmLog
 
     topo = make_topology(swarm) if swarm.topology is not None else None
-    agent_cfg = replace(agent_cfg, agents_per_host=swarm.agents, total_frames=max(1, swarm.total_frames // swarm.agents))
+    agent_cfg = replace(agent_cfg, agents_per_host=swarm.agents,
+                        total_frames=max(1, swarm.total_frames // swarm.agents))
     run_dir = Path(run_dir)
     earlier_wall = _earlier_wall_seconds(run_dir) if resume else 0.0
     prepare_run_dir(run_dir, resume, {"swarm": asdict(swarm), "agent": asdict(agent_cfg),
@@ -328,7 +330,8 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                     if (swarm.stop_at_return is not None and len(progress.returns) == 100
                             and progress.mean_return >= swarm.stop_at_return and not stop.is_set()):
                         stopped_by = f"solved: mean return {progress.mean_return:.1f} >= {swarm.stop_at_return}"
-                        solved_at = {"frames": progress.total_frames, "session_wall_seconds": time.perf_counter() - start,
+                        solved_at = {"frames": progress.total_frames,
+                                     "session_wall_seconds": time.perf_counter() - start,
                                      "mean_return": progress.mean_return}
                         stop.set()
                 elif kind == "done":

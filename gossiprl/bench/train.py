@@ -66,7 +66,8 @@ def run(swarm, agent_cfg, seconds: float, echo=print) -> dict:
     agent_fps = sum(s["fps"] for s in summary["per_agent"].values())
     shares = {k: float(np.mean([s[f"{k}_share"] for s in summary["per_agent"].values()]))
               for k in ("rollout", "learn", "gossip")}
-    echo(f"  gossiprl training ({swarm.topology or 'no gossip'}, {swarm.mode}, {swarm.data_plane})  {agent_fps:12,.0f} frames/s")
+    layout = f"{swarm.topology or 'no gossip'}, {swarm.mode}, {swarm.data_plane}"
+    echo(f"  gossiprl training ({layout})  {agent_fps:12,.0f} frames/s")
     echo(f"  ratio to the ceiling                {agent_fps / ceiling:12.1%}")
     echo("  time per agent: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
     return {"env": env_id, "agents": agents, "data_plane": swarm.data_plane, "envs_per_agent": agent_cfg.a2c.num_envs,
