@@ -15,7 +15,7 @@ setup(
     description="ZeroMQ gossip runtime for decentralised actor-learner RL (PALA, GALA)",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # tomllib (stdlib from 3.11) reads --config TOML files
     packages=find_packages(include=["gossiprl", "gossiprl.*", "topologies", "topologies.*"]),
     install_requires=["pyzmq>=25", "msgpack>=1.0", "numpy>=1.24", "click>=8.1"],
     extras_require={
@@ -29,6 +29,7 @@ setup(
             "moviepy>=1.0",
             "pygame>=2.1",
             "opencv-python-headless>=4.8",
+            "pyyaml>=6",
         ],
         "monitor": ["prometheus-client>=0.17", "rich>=13"],
         "track": ["wandb>=0.16"],

@@ -125,8 +125,11 @@ def run_study(cells: list[Cell], out: Path, env_id: str, threshold: float | None
 
 
 def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
+    # the swarm's own budget is left out: the cell's total_frames is the budget, and a cell keeps
+    # the fingerprint it had before SwarmConfig held one
+    swarm = {k: v for k, v in asdict(cell.swarm).items() if k != "total_frames"} if cell.swarm else None
     what = {"env": env_id, "eval_episodes": eval_episodes, "seed": cell.seed, "agents": cell.agents,
-            "total_frames": cell.total_frames, "swarm": asdict(cell.swarm) if cell.swarm else None,
+            "total_frames": cell.total_frames, "swarm": swarm,
             "a2c": asdict(cell.a2c), "gossip_every": cell.gossip_every,
             "runner": cell.runner.__name__ if cell.runner else None}
     return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
@@ -161,7 +164,7 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
     updates = max(1, per_agent // (cell.a2c.n_steps * cell.a2c.num_envs))
     agent_cfg = AgentConfig(env_id=env_id, seed=cell.seed, total_frames=per_agent, a2c=cell.a2c,
                             gossip_every=cell.gossip_every, log_every=max(1, updates // CURVE_ROWS),
-                            checkpoint_every=10 ** 9, agents=cell.agents, device="cpu")
+                            checkpoint_every=10 ** 9, agents_per_host=cell.agents, device="cpu")
     start = time.perf_counter()
     if cell.swarm is None:
         summaries = _run_independent(cell.agents, agent_cfg, run_dir)
@@ -173,7 +176,8 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         agent_dirs = [run_dir / f"agent-{r}" for r in range(cell.agents)]
         gossip_share = sum(s["gossip_s"] for s in summaries) / sum(s["wall_seconds"] for s in summaries)
     else:
-        summary = launch.run(cell.swarm, agent_cfg, run_dir, show_progress=False, echo=lambda *a: None)
+        summary = launch.run(replace(cell.swarm, total_frames=cell.total_frames), agent_cfg, run_dir,
+                             show_progress=False, echo=lambda *a: None)
         wall = summary["wall_seconds"]
         summaries = [summary["per_agent"][r] for r in sorted(summary["per_agent"])]
         if summary["failed"]:
@@ -215,8 +219,9 @@ def _run_independent(n: int, agent_cfg: AgentConfig, run_dir: Path) -> list[dict
     def one(r: int) -> None:
         try:
             cfg = replace(agent_cfg, seed=agent_cfg.seed + r, torch_threads=threads)
-            results[r] = launch.run(launch.SwarmConfig(agents=1, topology=None), cfg, run_dir / f"indep-{r}",
-                                    show_progress=False, echo=lambda *a: None)["per_agent"][0]
+            solo = launch.SwarmConfig(agents=1, topology=None, total_frames=cfg.total_frames)
+            results[r] = launch.run(solo, cfg, run_dir / f"indep-{r}", show_progress=False,
+                                    echo=lambda *a: None)["per_agent"][0]
         except BaseException as err:  # re-raised below, in the caller's thread
             errors.append(err)
 

@@ -7,48 +7,32 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 import topologies
 
+from . import config
+
 TOPOLOGY_HELP = f"{', '.join(topologies.NAMES)}, or a .npy/.csv file holding a row-stochastic matrix"
 
 
-def topology_options(fn):
-    """The flags every command that builds a topology takes, declared once."""
-    for option in reversed([
-        click.option("--peers", type=click.IntRange(min=1), help="sparse: out-peers per agent (default ceil(log2 n))."),
-        click.option("--time-varying", is_flag=True, help="sparse, hypercube: one rotating peer per round (GALA/SGP)."),
-        click.option("--peers-per-round", type=click.IntRange(min=1),
-                     help="GALA/SGP families: phone-book entries used per round (their peers_per_itr; default 1)."),
-        click.option("--option", "extra", multiple=True, metavar="KEY=VALUE",
-                     help="Any other integer option of the family, e.g. degree=4, seed=1 (random-regular), "
-                          "rows=2 (torus)."),
-    ]):
-        fn = option(fn)
-    return fn
+TOPOLOGY_SETTINGS = config.Settings(
+    "topology", config.settings_of("swarm", only=("peers", "time_varying", "peers_per_round", "topology_options")))
+"""The flags every command that builds a topology takes; SwarmConfig declares them."""
+
+BROKER_SETTINGS = config.Settings("broker", config.settings_of("swarm", only=("mode", "max_staleness", "data_plane")))
 
 
-def extra_topology_options(extra) -> dict[str, int]:
-    """--option KEY=INTEGER pairs -> keyword options for topologies.make."""
-    options = {}
-    for item in extra:
-        key, sep, value = item.partition("=")
-        if not sep or not value.lstrip("-").isdigit():
-            raise click.BadParameter(f"{item!r}: give KEY=INTEGER, e.g. degree=4", param_hint="--option")
-        options[key.replace("-", "_")] = int(value)
-    return options
-
-
-def load_topology(spec: str, n: int | None, peers=None, time_varying=False, peers_per_round=None, extra=()):
+def load_topology(spec: str, n: int | None, peers=None, time_varying=False, peers_per_round=None, options=None):
     """--topology NAME|FILE and its options -> Topology, with one-line errors that say what is valid."""
     if spec in topologies.NAMES and n is None:
         raise click.BadParameter(f"the {spec} topology needs the number of agents", param_hint="--agents")
     try:
         return topologies.from_spec(spec, n, peers=peers, time_varying=time_varying, peers_per_round=peers_per_round,
-                                    **extra_topology_options(extra))
+                                    **(options or {}))
     except topologies.TopologyError as err:
         raise click.BadParameter(str(err), param_hint="--topology") from None
 
@@ -68,10 +52,8 @@ def main(verbose: int) -> None:
               help="ZeroMQ endpoint to bind (tcp://HOST:PORT or ipc://PATH).")
 @click.option("--topology", "topology_spec", default="ring", show_default=True, help=TOPOLOGY_HELP)
 @click.option("--agents", "-n", type=click.IntRange(min=1), help="Number of agents (ranks 0..N-1).")
-@topology_options
-@click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True,
-              help="sync: PALA turn locks; async: GALA-style, never blocks (but see --max-staleness).")
-@click.option("--max-staleness", type=click.IntRange(min=1), help="async: wait after this many empty rounds.")
+@TOPOLOGY_SETTINGS.options
+@BROKER_SETTINGS.options
 @click.option("--peer-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="Seconds of silence before an agent is unregistered.")
 @click.option("--stats-every", type=click.FloatRange(min=0), default=30.0, show_default=True,
@@ -82,19 +64,16 @@ def main(verbose: int) -> None:
               help="Directory of the agents' public keys (*.key) the broker admits.")
 @click.option("--insecure", is_flag=True,
               help="Bind a non-loopback address without CURVE keys (only on a network you trust).")
-@click.option("--data-plane", type=click.Choice(["broker", "shm", "direct", "auto"]), default="broker",
-              show_default=True, help="Where parameter bytes travel: through the broker, shared memory, "
-              "agent to agent, or auto (shm on one host, direct across hosts). PROTOCOL.md section 10.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
               help="Serve the stats over HTTP on this port: /metrics (Prometheus) and /stats (for `gossiprl top`).")
 @click.option("--metrics-bind", default="127.0.0.1", show_default=True,
               help="Address the stats server binds (anything wider lets others on that network read the stats).")
-def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, extra, mode, max_staleness,
+def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, topology_options, mode, max_staleness,
            peer_timeout, stats_every, curve_secret, curve_allow, insecure, data_plane, metrics_port, metrics_bind):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
     from .comms.broker import Broker
 
-    topo = load_topology(topology_spec, agents, peers, time_varying, peers_per_round, extra)
+    topo = load_topology(topology_spec, agents, peers, time_varying, peers_per_round, topology_options)
     if (curve_secret is None) != (curve_allow is None):
         raise click.UsageError("--curve-secret and --curve-allow go together (the broker's key and the agents' keys)")
     curve = (curve_secret, curve_allow) if curve_secret is not None else None
@@ -198,16 +177,16 @@ def topology():
 @topology.command("show")
 @click.argument("spec")
 @click.option("-n", "--agents", type=click.IntRange(min=1), default=8, show_default=True)
-@topology_options
+@TOPOLOGY_SETTINGS.options
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw each round's edges to this PNG.")
-def topology_show(spec, agents, peers, time_varying, peers_per_round, extra, plot_path):
+def topology_show(spec, agents, peers, time_varying, peers_per_round, topology_options, plot_path):
     """Print a topology's mixing matrix, peers, and how fast it reaches consensus."""
     if spec in topologies.NAMES and agents > MAX_SHOWN_AGENTS:
         raise click.BadParameter(f"{agents} agents is more than `topology show` builds ({MAX_SHOWN_AGENTS}: its "
                                  "matrices are dense n x n); query such a swarm with topologies.make() in Python",
                                  param_hint="-n")
     n = None if spec not in topologies.NAMES and Path(spec).is_file() else agents
-    topo = load_topology(spec, n, peers, time_varying, peers_per_round, extra)
+    topo = load_topology(spec, n, peers, time_varying, peers_per_round, topology_options)
     try:
         click.echo(topo.describe())
         if plot_path:
@@ -328,35 +307,33 @@ def bench_scale(hosts, rate, params, rounds, plot_path, quick, json_path):
         Path(json_path).write_text(json.dumps(result, indent=2))
 
 
+BENCH_TRAIN_SETTINGS = config.Settings(
+    "bench train", config.settings_of("agent", only=("env_id", "num_envs", "device")),
+    config.settings_of("swarm", only=("agents", "topology", "mode", "codec", "data_plane")),
+    defaults={"env_id": "ALE/Pong-v5", "agents": 2})
+"""The benchmark measures what the papers train, an Atari game, on the smallest swarm that gossips."""
+
+
 @bench.command("train")
-@click.option("--env", "env_id", default="ALE/Pong-v5", show_default=True)
-@click.option("--agents", "-n", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--num-envs", type=click.IntRange(min=1), default=16, show_default=True, help="Envs per agent.")
+@BENCH_TRAIN_SETTINGS.options
 @click.option("--seconds", type=click.FloatRange(min=1), default=60, show_default=True,
               help="How long the swarm trains (the ceiling is measured for up to 20 s).")
-@click.option("--topology", "topology_spec", default="ring", show_default=True)
-@click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
-@click.option("--codec", type=click.Choice(["raw", "bf16", "fp16"]), default="raw", show_default=True)
-@click.option("--data-plane", type=click.Choice(["broker", "shm", "direct", "auto"]), default="broker",
-              show_default=True, help="Where the swarm's parameter bytes travel (see gossiprl run).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
-def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, data_plane, device, json_path):
+@click.pass_context
+def bench_train(ctx, seconds, json_path, **_):
     """Training frames/s of a swarm next to the raw vector env's rate for the same env count."""
     require_rl("bench train")
-    check_device(device)
+    from . import launch
     from .bench import train as bt
-    from .rl.a2c import A2CConfig
-    from .rl.agent import AgentConfig
+    from .rl.settings import AgentConfig
 
-    check_env(env_id)
-    cfg = AgentConfig(env_id=env_id, agents=agents, device=device, a2c=A2CConfig(num_envs=num_envs))
-    from .launch import RunError
-
+    values = BENCH_TRAIN_SETTINGS.resolve(ctx)
+    check_device(values["device"])
+    check_env(values["env_id"])
     try:
-        result = bt.run(env_id, agents, cfg, seconds, topology=topology_spec, mode=mode, codec=codec,
-                        data_plane=data_plane, echo=click.echo)
-    except RunError as err:
+        result = bt.run(BENCH_TRAIN_SETTINGS.build(launch.SwarmConfig, values),
+                        BENCH_TRAIN_SETTINGS.build(AgentConfig, values), seconds, echo=click.echo)
+    except launch.RunError as err:
         raise click.ClickException(str(err)) from None
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
@@ -365,73 +342,23 @@ def bench_train(env_id, agents, num_envs, seconds, topology_spec, mode, codec, d
 
 # ------------------------------------------------------------------ training
 
-def agent_options(fn):
-    """The options that make an AgentConfig: env, budget, and A2C's hyperparameters (paper defaults)."""
-    options = [
-        click.option("--env", "env_id", default="CartPole-v1", show_default=True,
-                     help="A gymnasium id, or an Atari id (ALE/Pong-v5, PongNoFrameskip-v4) run on ale-py's C++ vector env."),
-        click.option("--total-frames", type=click.IntRange(min=1), default=2_000_000, show_default=True,
-                     help="Frames for the whole swarm (split evenly over agents); Atari frames count the 4 skipped frames, as the papers do."),
-        click.option("--seed", type=int, default=1, show_default=True, help="Base seed; agent r uses seed + r."),
-        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-                     help="cuda spreads agents round-robin over the visible GPUs."),
-        click.option("--torch-threads", type=click.IntRange(min=0), default=0, show_default=True,
-                     help="Threads per agent; 0: cores / agents on this host."),
-        click.option("--num-envs", type=click.IntRange(min=1), default=16, show_default=True, help="Envs per agent."),
-        click.option("--n-steps", type=click.IntRange(min=1), default=5, show_default=True, help="Steps per update (n-step return)."),
-        click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=7e-4, show_default=True, help="RMSProp learning rate."),
-        click.option("--rmsprop-eps", type=click.FloatRange(min=0, min_open=True), default=1e-5, show_default=True),
-        click.option("--rmsprop-alpha", type=click.FloatRange(0, 1), default=0.99, show_default=True),
-        click.option("--entropy-coef", type=click.FloatRange(min=0), default=None,
-                     show_default="0.01 on Atari (the papers), 0 elsewhere"),
-        click.option("--value-coef", type=click.FloatRange(min=0), default=0.5, show_default=True),
-        click.option("--gamma", type=click.FloatRange(0, 1), default=0.99, show_default=True),
-        click.option("--max-grad-norm", type=click.FloatRange(min=0, min_open=True), default=0.5, show_default=True),
-        click.option("--sticky-actions", type=click.FloatRange(0, 1), default=0.0, show_default=True,
-                     help="Atari repeat_action_probability."),
-        click.option("--gossip-every", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Gossip after every k-th update."),
-        click.option("--aggregate", type=click.Choice(["mean", "trimmed-mean", "median"]), default="mean",
-                     show_default=True, help="mean: the mixing matrix's weights (PALA); trimmed-mean / median: "
-                     "coordinate-wise over own parameters and letters, robust to a poisoned peer."),
-        click.option("--deviation-bound", type=click.FloatRange(min=0), default=10.0, show_default=True,
-                     help="Drop a letter farther from own parameters than this many times the recent "
-                          "distances (counted in gossip/dropped); 0 turns it off."),
-        click.option("--log-every", type=click.IntRange(min=1), default=100, show_default=True, help="Updates per metrics row."),
-        click.option("--checkpoint-every", type=click.IntRange(min=1), default=1000, show_default=True,
-                     help="Updates per checkpoint (one is always written at the end)."),
-        click.option("--codec", type=click.Choice(["raw", "bf16", "fp16"]), default="raw", show_default=True,
-                     help="Parameters on the wire: float32, or half the bytes."),
-        click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
-                     help="Where the run writes (default runs/ENV__TOPOLOGY__SEED__TIME)."),
-        click.option("--resume", is_flag=True, help="Continue the run in --run-dir from its checkpoints."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+RUN_SETTINGS = config.Settings(
+    "run", config.settings_of("swarm"),
+    config.settings_of("agent", exclude=("total_frames", "agents_per_host", "stop_at_return")))
+"""A swarm's settings and its agents'. The swarm's budget, size and stop rule take the place of
+the agents' own: launch.run gives each agent total_frames // agents and agents_per_host = agents."""
+
+AGENT_SETTINGS = config.Settings(
+    "agent", config.settings_of("agent", exclude=("stop_at_return",)),
+    config.settings_of("swarm", only=("codec", "gossip_timeout")))
+"""One agent's settings, and the two of the swarm's that are the agent's to follow."""
 
 
-def make_agent_config(kw: dict, agents: int):
-    from .rl.a2c import A2CConfig
-    from .rl.agent import AgentConfig
-
-    a2c = A2CConfig(num_envs=kw["num_envs"], n_steps=kw["n_steps"], lr=kw["lr"], rmsprop_eps=kw["rmsprop_eps"],
-                    rmsprop_alpha=kw["rmsprop_alpha"], entropy_coef=kw["entropy_coef"], value_coef=kw["value_coef"],
-                    gamma=kw["gamma"], max_grad_norm=kw["max_grad_norm"])
-    return AgentConfig(env_id=kw["env_id"], total_frames=max(1, kw["total_frames"] // agents), seed=kw["seed"],
-                       agents=agents, device=kw["device"], torch_threads=kw["torch_threads"],
-                       sticky_actions=kw["sticky_actions"], gossip_every=kw["gossip_every"],
-                       aggregate=kw["aggregate"], deviation_bound=_deviation_bound(kw["deviation_bound"]),
-                       log_every=kw["log_every"], checkpoint_every=kw["checkpoint_every"], a2c=a2c)
-
-
-def _deviation_bound(factor: float) -> float | None:
-    if factor == 0:
-        return None
-    if factor <= 1:
-        raise click.BadParameter(f"{factor:g}: give a factor > 1, or 0 to turn the bound off",
-                                 param_hint="--deviation-bound")
-    return factor
+def run_dir_options(fn):
+    """Where a training command writes, and whether it continues what is there."""
+    fn = click.option("--resume", is_flag=True, help="Continue the run in --run-dir from its checkpoints.")(fn)
+    return click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
+                        help="Where the run writes (default runs/ENV__TOPOLOGY__SEED__TIME).")(fn)
 
 
 def require_rl(command: str) -> None:
@@ -476,61 +403,42 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 
 
 @main.command()
-@click.option("--topology", "topology_spec", default=None,
-              help=f"{TOPOLOGY_HELP}. Default: ring with several agents, none (plain A2C) with --agents 1.")
-@click.option("--agents", "-n", type=click.IntRange(min=1), default=4, show_default=True)
-@topology_options
-@click.option("--mode", type=click.Choice(["sync", "async"]), default="sync", show_default=True,
-              help="sync: PALA turn locks; async: GALA-style non-blocking.")
-@click.option("--max-staleness", type=click.IntRange(min=1), help="async: wait after this many rounds without a letter.")
-@click.option("--transport", type=click.Choice(["ipc", "tcp"]), default="ipc", show_default=True)
-@click.option("--data-plane", type=click.Choice(["broker", "shm", "direct", "auto"]), default="broker",
-              show_default=True, help="Where parameter bytes travel: through the broker, shared memory, "
-              "agent to agent, or auto (shm on one host, direct across hosts). PROTOCOL.md section 10.")
-@click.option("--stop-at-return", default="auto", show_default=True,
-              help="Stop once the last 100 episodes of all agents average this; 'auto': the env's reward threshold, 'none': never.")
-@click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True), help="Stop after this much wall-clock time.")
+@config.config_option
+@RUN_SETTINGS.options
+@run_dir_options
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show the progress line.")
-@click.option("--fail-fast", is_flag=True,
-              help="Stop every agent when one crashes (default: the others carry on, rewired around it).")
 @click.option("--track", is_flag=True,
               help="Mirror the swarm's TensorBoard run (RUN_DIR/swarm) to Weights & Biases (the track extra).")
 @click.option("--wandb-project", default="gossiprl", show_default=True, help="W&B project, with --track.")
 @click.option("--wandb-entity", help="W&B entity (user or team), with --track; default: your W&B default.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
               help="Serve the broker's stats on 127.0.0.1:PORT (/metrics for Prometheus, `gossiprl top`).")
-@agent_options
-def run(topology_spec, agents, peers, time_varying, peers_per_round, extra, mode, max_staleness, transport, data_plane,
-        stop_at_return, max_seconds, progress, fail_fast, track, wandb_project, wandb_entity, metrics_port, **kw):
-    """Train a swarm of gossiping A2C agents on this host (broker + one process per agent)."""
+@click.pass_context
+def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb_entity, metrics_port, **_):
+    """Train a swarm of gossiping A2C agents on this host (broker + one process per agent).
+
+    --resume continues the run in --run-dir with the settings in its config.json; flags may
+    change only how long and how it runs (budget, time limit, stop rule, transport, data plane,
+    device, threads, log and checkpoint periods), not what it learns."""
     require_rl("run")
     from . import launch
+    from .rl.settings import AgentConfig
 
-    check_device(kw["device"])
-    threshold = check_env(kw["env_id"])
-    if topology_spec is None and agents > 1:
-        topology_spec = "ring"
-    if topology_spec is not None:
-        load_topology(topology_spec, agents, peers, time_varying, peers_per_round, extra)
-    if stop_at_return == "auto":
-        target = threshold
-    elif stop_at_return == "none":
-        target = None
-    else:
-        try:
-            target = float(stop_at_return)
-        except ValueError:
-            raise click.BadParameter(f"{stop_at_return!r}: give a number, 'auto' or 'none'",
-                                     param_hint="--stop-at-return") from None
-    swarm = launch.SwarmConfig(agents=agents, topology=topology_spec, peers=peers, time_varying=time_varying,
-                               peers_per_round=peers_per_round, topology_options=extra_topology_options(extra),
-                               mode=mode, max_staleness=max_staleness, codec=kw["codec"], transport=transport,
-                               data_plane=data_plane, stop_at_return=target, max_seconds=max_seconds, fail_fast=fail_fast)
-    run_dir = kw["run_dir"] or default_run_dir(kw["env_id"], topology_spec, kw["seed"])
-    cfg = make_agent_config(kw, agents)
-    layout = f"{topology_spec} topology, {mode} mode" if topology_spec else "plain A2C (no gossip)"
-    click.echo(f"{agents} agent(s) on {kw['env_id']}, {layout}; run dir {run_dir}"
-               + (f"; stops at mean return {target}" if target is not None else ""))
+    values = (config.resume_values(ctx, RUN_SETTINGS, run_dir, config_file) if resume
+              else config.file_values(ctx, RUN_SETTINGS, config_file))
+    swarm = RUN_SETTINGS.build(launch.SwarmConfig, values)
+    cfg = RUN_SETTINGS.build(AgentConfig, values)
+    check_device(cfg.device)
+    threshold = check_env(cfg.env_id)
+    if swarm.topology is not None:
+        load_topology(swarm.topology, swarm.agents, swarm.peers, swarm.time_varying, swarm.peers_per_round,
+                      swarm.topology_options)
+    if swarm.stop_at_return == "auto":
+        swarm = replace(swarm, stop_at_return=threshold)
+    run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed)
+    layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "plain A2C (no gossip)"
+    click.echo(f"{swarm.agents} agent(s) on {cfg.env_id}, {layout}; run dir {run_dir}"
+               + (f"; stops at mean return {swarm.stop_at_return}" if swarm.stop_at_return is not None else ""))
     if metrics_port is not None:
         require_prometheus()
     if track:
@@ -540,7 +448,7 @@ def run(topology_spec, agents, peers, time_varying, peers_per_round, extra, mode
             raise click.ClickException("--track needs wandb: pip install 'gossiprl[track]'") from None
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill gets the same clean stop as Ctrl-C
     try:
-        summary = launch.run(swarm, cfg, run_dir, resume=kw["resume"], echo=click.echo, show_progress=progress,
+        summary = launch.run(swarm, cfg, run_dir, resume=resume, echo=click.echo, show_progress=progress,
                              track={"project": wandb_project, "entity": wandb_entity} if track else None,
                              metrics_port=metrics_port)
     except (launch.RunError, FileNotFoundError) as err:
@@ -567,25 +475,27 @@ def _interrupt(signum, frame):
 @click.option("--connect", required=True, help="The broker's endpoint, e.g. tcp://HOST:5555.")
 @click.option("--rank", type=click.IntRange(min=0),
               help="This agent's rank; default from RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK.")
-@click.option("--agents-per-host", type=click.IntRange(min=1),
-              help="Agents sharing this host's cores (sizes the default torch threads); default from "
-                   "LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS, else 1.")
 @click.option("--curve-secret", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="This agent's CURVE secret key (NAME.key_secret), for a broker that requires keys.")
 @click.option("--curve-broker", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The broker's public key (broker.key).")
 @click.option("--progress-every", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds between progress lines (frames, frames/s, return, gossip share); 0: none.")
-@agent_options
-def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_every, **kw):
+@config.config_option
+@AGENT_SETTINGS.options
+@run_dir_options
+@click.pass_context
+def agent(ctx, connect, rank, curve_secret, curve_broker, progress_every, config_file, run_dir, resume, **_):
     """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
 
     --total-frames is this agent's own budget here."""
     require_rl("agent")
     from . import launch
-    from .rl.agent import CheckpointError
     from .comms.keys import client_options
+    from .rl.agent import CheckpointError
+    from .rl.settings import AgentConfig
 
+    values = config.file_values(ctx, AGENT_SETTINGS, config_file)
     if (curve_secret is None) != (curve_broker is None):
         raise click.UsageError("--curve-secret and --curve-broker go together (this agent's key and the broker's)")
     curve = (curve_secret, curve_broker) if curve_secret is not None else None
@@ -594,22 +504,23 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_e
             client_options(*curve)  # a malformed key fails here, before the envs are built
         except (ValueError, OSError) as err:
             raise click.ClickException(str(err)) from None
-    check_device(kw["device"])
-    check_env(kw["env_id"])
+    cfg = AGENT_SETTINGS.build(AgentConfig, values)
+    check_device(cfg.device)
+    check_env(cfg.env_id)
     try:
         rank = launch.rank_from_environment(rank)
     except launch.RunError as err:
         raise click.UsageError(str(err)) from None
-    cfg = make_agent_config(kw, 1)
-    cfg.agents = launch.agents_per_host_from_environment(agents_per_host)
-    run_dir = kw["run_dir"] or Path("runs") / "agents"
+    cfg = replace(cfg, agents_per_host=launch.agents_per_host_from_environment(cfg.agents_per_host))
+    run_dir = run_dir or Path("runs") / "agents"
     click.echo(f"agent-{rank} -> broker {connect}; run dir {run_dir}")
     stop = threading.Event()  # SIGTERM (scancel) or Ctrl-C: finish the update, checkpoint, leave
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        summary = launch.run_agent(connect, rank, cfg, run_dir, resume=kw["resume"], codec=kw["codec"],
-                                   stop=stop, echo=click.echo, curve=curve, progress_every=progress_every)
+        summary = launch.run_agent(connect, rank, cfg, run_dir, resume=resume, codec=values["codec"],
+                                   gossip_timeout=values["gossip_timeout"], stop=stop, echo=click.echo, curve=curve,
+                                   progress_every=progress_every)
     except (launch.RunError, FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
     click.echo(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))

@@ -29,7 +29,10 @@ import topologies
 
 from .comms.broker import Broker
 from .comms.client import BrokerUnavailable, GossipClient, GossipError
+from .comms.dataplane import PLANES
 from .comms.gossip import Gossip
+from .comms.turnlocks import MODES
+from .comms.wire import CODECS
 
 log = logging.getLogger("gossiprl.launch")
 
@@ -51,39 +54,73 @@ class RunError(RuntimeError):
     """A run that cannot start as asked; the message says why and what to do instead."""
 
 
+TRANSPORTS = ("ipc", "tcp")
+
+
+def return_target(value) -> float | str | None:
+    """--stop-at-return's values: a number, 'auto' (the env's reward threshold, which `gossiprl run`
+    looks up before it starts) or 'none' / None (never)."""
+    if value is None or value == "none":
+        return None
+    if value == "auto":
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r}: give a number, 'auto' or 'none'") from None
+
+
 @dataclass
 class SwarmConfig:
-    agents: int = 4
+    """A swarm on one host; with AgentConfig (gossiprl.rl.settings), all that ``run`` needs.
+
+    Fields marked ``may_change_on_resume`` are how long and how the swarm runs, not what it
+    learns: a resumed run may take new values for them (``gossiprl.config.resume_conflicts``)."""
+
+    agents: int = field(default=4, metadata={"min": 1, "short": "-n"})
     """Number of agents; 1 with no topology is plain A2C (no broker)."""
-    topology: str | None = "ring"
-    """ring, sparse, full, or a .npy/.csv mixing matrix; None only with one agent."""
-    peers: int | None = None
+    total_frames: int = field(default=2_000_000, metadata={"min": 1, "may_change_on_resume": True})
+    """Frames for the whole swarm, split evenly: each agent trains total_frames // agents (its
+    AgentConfig.total_frames, which run sets). Counted over a resume, so resuming with a larger
+    budget extends the run. Atari frames count the 4 skipped frames, as the papers do."""
+    topology: str | None = field(default=None, metadata={"metavar": "NAME|FILE"})
+    """A family (ring, sparse, full, ...: `gossiprl topology table` lists them) or a .npy/.csv
+    row-stochastic mixing matrix. None: ring with several agents, plain A2C with one."""
+    peers: int | None = field(default=None, metadata={"min": 1})
     """Out-peers per agent for the sparse topology (default ceil(log2 n))."""
     time_varying: bool = False
-    """Sparse: one rotating peer per round, as GALA/SGP."""
-    peers_per_round: int | None = None
+    """Sparse, hypercube: one rotating peer per round, as GALA/SGP."""
+    peers_per_round: int | None = field(default=None, metadata={"min": 1})
     """GALA/SGP families: phone-book entries used per round (their peers_per_itr; default 1)."""
-    topology_options: dict = field(default_factory=dict)
-    """Any other integer option of the family, e.g. {"degree": 4} for random-regular."""
-    mode: str = "sync"
-    """sync: PALA's turn locks; async: GALA-style non-blocking."""
-    max_staleness: int | None = None
+    topology_options: dict = field(default_factory=dict, metadata={"flag": "--option", "metavar": "KEY=VALUE"})
+    """Any other integer option of the family, e.g. degree=4, seed=1 (random-regular), rows=2 (torus)."""
+    mode: str = field(default="sync", metadata={"choices": MODES})
+    """sync: PALA's turn locks; async: GALA-style non-blocking (but see max_staleness)."""
+    max_staleness: int | None = field(default=None, metadata={"min": 1})
     """async: an agent waits for an in-peer after this many rounds without its letter."""
-    codec: str = "raw"
+    codec: str = field(default="raw", metadata={"choices": CODECS})
     """Parameters on the wire: raw float32, or bf16 / fp16 (half the bytes)."""
-    transport: str = "ipc"
+    transport: str = field(default="ipc", metadata={"choices": TRANSPORTS, "may_change_on_resume": True})
     """ipc (a unix socket in a 0700 directory, fastest on one host) or tcp (loopback, with
     throwaway CURVE keys: loopback is open to every user of the host)."""
-    data_plane: str = "broker"
-    """Where parameter bytes travel: broker (relayed), shm (shared memory), direct (agent to agent), auto."""
-    gossip_timeout: float = 60.0
+    data_plane: str = field(default="broker", metadata={"choices": PLANES, "may_change_on_resume": True})
+    """Where parameter bytes travel: through the broker, shared memory (shm), agent to agent
+    (direct), or auto (shm on one host, direct across hosts). PROTOCOL.md section 10."""
+    gossip_timeout: float = field(default=60.0, metadata={"min": 0, "min_open": True, "may_change_on_resume": True})
     """Seconds an agent waits for a turn lock before it skips the round and trains on."""
-    stop_at_return: float | None = None
-    """Stop the swarm once the mean of the last 100 episodes of all agents reaches this."""
-    max_seconds: float | None = None
-    """Stop the swarm after this much wall-clock time."""
-    fail_fast: bool = False
+    stop_at_return: float | None = field(default=None, metadata={
+        "parse": return_target, "cli_default": "auto", "metavar": "RETURN|auto|none", "may_change_on_resume": True})
+    """Stop the swarm once the mean of the last 100 episodes of all agents pooled reaches this;
+    None: never. `gossiprl run` defaults to 'auto', the env's reward threshold; the library
+    default is None, so studies compare settings at equal frames."""
+    max_seconds: float | None = field(default=None, metadata={"min": 0, "min_open": True, "may_change_on_resume": True})
+    """Stop the swarm after this much wall-clock time (this session's)."""
+    fail_fast: bool = field(default=False, metadata={"may_change_on_resume": True})
     """Stop every agent when one fails; by default the others carry on, rewired around it."""
+
+    def __post_init__(self):
+        if self.topology is None and self.agents > 1:
+            self.topology = "ring"
 
 
 @dataclass
@@ -150,7 +187,10 @@ def agents_per_host_from_environment(explicit: int | None) -> int:
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
-    """Refuse to mix two runs in one directory; write config.json atomically for a new run."""
+    """Refuse to mix two runs in one directory; write config.json atomically.
+
+    On resume config.json is rewritten too: it records what the run is now, e.g. a budget the
+    resume extended (the flags that may change on resume are ``gossiprl.config``'s business)."""
     config_path = run_dir / "config.json"
     if resume:
         if not config_path.exists():
@@ -163,8 +203,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
         if trained_on != asked:
             raise RunError(f"cannot resume: {run_dir} was trained on {trained_on}, this run asks for {asked}; "
                            f"resume with --env {trained_on} or choose another --run-dir")
-        return
-    if run_dir.exists() and any(run_dir.iterdir()):
+    elif run_dir.exists() and any(run_dir.iterdir()):
         raise RunError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = config_path.with_suffix(".tmp")
@@ -223,19 +262,19 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
         show_progress: bool = True, track: dict | None = None, metrics_port: int | None = None) -> dict:
     """Train a swarm on this host; returns (and writes) summary.json's contents.
 
-    ``track`` ({"project", "entity"}) mirrors the swarm's TensorBoard run to Weights & Biases;
+    The swarm's budget is ``swarm.total_frames``: each agent's ``total_frames`` (and its
+    ``agents_per_host``) is set from the swarm, whatever ``agent_cfg`` held. ``track``
+    ({"project", "entity"}) mirrors the swarm's TensorBoard run to Weights & Biases;
     ``metrics_port`` serves the broker's stats on loopback (``gossiprl top``, Prometheus)."""
     from dataclasses import replace
 
     from .rl.swarmlog import SwarmLog
 
-    topo = None
-    if swarm.agents > 1 or swarm.topology is not None:
-        if swarm.topology is None:
-            raise RunError("more than one agent needs a --topology")
-        topo = make_topology(swarm)
-    agent_cfg = replace(agent_cfg, agents=swarm.agents)
+    topo = make_topology(swarm) if swarm.topology is not None else None
+    agent_cfg = replace(agent_cfg, agents_per_host=swarm.agents,
+                        total_frames=max(1, swarm.total_frames // swarm.agents))
     run_dir = Path(run_dir)
+    earlier_wall = _earlier_wall_seconds(run_dir) if resume else 0.0
     prepare_run_dir(run_dir, resume, {"swarm": asdict(swarm), "agent": asdict(agent_cfg),
                                       "topology": topo.to_dict() if topo else None})
     swarm_log = SwarmLog(run_dir, {"swarm": asdict(swarm), "agent": asdict(agent_cfg)}, track)
@@ -291,7 +330,8 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                     if (swarm.stop_at_return is not None and len(progress.returns) == 100
                             and progress.mean_return >= swarm.stop_at_return and not stop.is_set()):
                         stopped_by = f"solved: mean return {progress.mean_return:.1f} >= {swarm.stop_at_return}"
-                        solved_at = {"frames": progress.total_frames, "wall_seconds": time.perf_counter() - start,
+                        solved_at = {"frames": progress.total_frames,
+                                     "session_wall_seconds": time.perf_counter() - start,
                                      "mean_return": progress.mean_return}
                         stop.set()
                 elif kind == "done":
@@ -332,10 +372,19 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
             bar(None)
     wall = time.perf_counter() - start
     frames = sum(s["frames"] for s in summaries.values())
+    # Earlier sessions of a resumed run: the last summary.json's wall_seconds, or where a launcher
+    # killed outright wrote none since, the longest any agent had trained (its checkpoint's wall_s,
+    # which leaves out only the seconds each session spends starting its agents).
+    before = max([earlier_wall, *(s["run_wall_seconds"] - s["wall_seconds"] for s in summaries.values())])
+    if solved_at is not None:
+        solved_at["wall_seconds"] = before + solved_at["session_wall_seconds"]
     summary = {
         "frames": frames,
-        "wall_seconds": wall,
+        "wall_seconds": before + wall,
+        "session_wall_seconds": wall,
         "fps": sum(s["fps"] * s["wall_seconds"] for s in summaries.values()) / wall,
+        "time_definition": "frames and wall_seconds cover every session of the run; session_wall_seconds "
+                           "and fps only this one: fps is the frames trained in it over its seconds",
         "mean_return": progress.mean_return,
         "mean_return_definition": "mean of the last 100 episodes of all agents pooled (the stop rule); "
                                   "agents_mean_return / agents_min_return: mean and worst of each agent's "
@@ -355,6 +404,14 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     os.replace(tmp_path, run_dir / "summary.json")
     swarm_log.close(summary)
     return summary
+
+
+def _earlier_wall_seconds(run_dir: Path) -> float:
+    """The wall_seconds of the run's last summary.json: every session before this one (0 if none)."""
+    try:
+        return float(json.loads((run_dir / "summary.json").read_text())["wall_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def _mean(values: list[float]) -> float:

@@ -44,19 +44,19 @@ def raw_ceiling(env_id: str, num_envs: int, seconds: float, threads: int = 0) ->
     return steps * num_envs * frames_per_step / elapsed
 
 
-def run(env_id: str, agents: int, agent_cfg, seconds: float, topology: str = "ring", mode: str = "sync",
-        codec: str = "raw", data_plane: str = "broker", echo=print) -> dict:
-    """Ceiling and swarm, measured back to back; returns the figures and their ratio."""
+def run(swarm, agent_cfg, seconds: float, echo=print) -> dict:
+    """Ceiling and swarm (``swarm`` training ``agent_cfg``'s env for ``seconds``), measured back
+    to back; returns the figures and their ratio."""
     from .. import launch
 
+    env_id, agents = agent_cfg.env_id, swarm.agents
     total_envs = agents * agent_cfg.a2c.num_envs
     echo(f"{env_id}: {agents} agents x {agent_cfg.a2c.num_envs} envs = {total_envs} envs, "
          f"{os.cpu_count()} cores, device {agent_cfg.device}")
     ceiling = raw_ceiling(env_id, total_envs, min(seconds, 20.0))
     echo(f"  raw vector env, random actions      {ceiling:12,.0f} frames/s")
-    swarm = launch.SwarmConfig(agents=agents, topology=topology if agents > 1 else None, mode=mode, codec=codec,
-                               data_plane=data_plane, max_seconds=seconds)
-    cfg = replace(agent_cfg, env_id=env_id, total_frames=10 ** 12, log_every=10 ** 9, checkpoint_every=10 ** 9)
+    swarm = replace(swarm, total_frames=10 ** 12, max_seconds=seconds)
+    cfg = replace(agent_cfg, log_every=10 ** 9, checkpoint_every=10 ** 9)
     with tempfile.TemporaryDirectory(prefix="gossiprl-bench-") as tmp:
         summary = launch.run(swarm, cfg, Path(tmp) / "run", echo=echo, show_progress=False)
     idle = sorted(set(range(agents)) - {rank for rank, s in summary["per_agent"].items() if s["fps"]})
@@ -66,9 +66,10 @@ def run(env_id: str, agents: int, agent_cfg, seconds: float, topology: str = "ri
     agent_fps = sum(s["fps"] for s in summary["per_agent"].values())
     shares = {k: float(np.mean([s[f"{k}_share"] for s in summary["per_agent"].values()]))
               for k in ("rollout", "learn", "gossip")}
-    echo(f"  gossiprl training ({topology}, {mode}, {data_plane})  {agent_fps:12,.0f} frames/s")
+    layout = f"{swarm.topology or 'no gossip'}, {swarm.mode}, {swarm.data_plane}"
+    echo(f"  gossiprl training ({layout})  {agent_fps:12,.0f} frames/s")
     echo(f"  ratio to the ceiling                {agent_fps / ceiling:12.1%}")
     echo("  time per agent: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
-    return {"env": env_id, "agents": agents, "data_plane": data_plane, "envs_per_agent": agent_cfg.a2c.num_envs, "seconds": seconds,
-            "ceiling_fps": ceiling, "train_fps": agent_fps, "ratio": agent_fps / ceiling, "time_shares": shares,
-            "mean_return": summary["mean_return"], "cores": os.cpu_count()}
+    return {"env": env_id, "agents": agents, "data_plane": swarm.data_plane, "envs_per_agent": agent_cfg.a2c.num_envs,
+            "seconds": seconds, "ceiling_fps": ceiling, "train_fps": agent_fps, "ratio": agent_fps / ceiling,
+            "time_shares": shares, "mean_return": summary["mean_return"], "cores": os.cpu_count()}

@@ -1,44 +1,17 @@
 """Synchronous advantage actor-critic (A2C), the learner inside every PALA/GALA agent.
 
-Read top to bottom: hyperparameters, n-step returns, the loss, rollout storage, one update.
-The defaults are GALA's ``arguments.py`` (which PALA keeps), so Atari runs are comparable
-with the papers' tables.
+Read top to bottom: n-step returns, the loss, rollout storage, one update. The hyperparameters,
+A2CConfig, are declared in ``settings`` (torch-free, for the command line); their defaults are
+GALA's ``arguments.py`` (which PALA keeps), so Atari runs are comparable with the papers' tables.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import nn
 
-
-@dataclass
-class A2CConfig:
-    num_envs: int = 16
-    """Environments stepped in lockstep by this agent's learner (the papers' actors per learner)."""
-    n_steps: int = 5
-    """Steps per env before each update; the return bootstraps from V after n_steps."""
-    lr: float = 7e-4
-    """RMSProp learning rate (GALA's README uses 1.4e-3 with 4 learners on Atari)."""
-    rmsprop_eps: float = 1e-5
-    """RMSProp epsilon, larger than torch's 1e-8 default as in the A2C papers, so steps stay
-    bounded while the squared-gradient average is still near zero."""
-    rmsprop_alpha: float = 0.99
-    """RMSProp smoothing constant for the squared-gradient average."""
-    entropy_coef: float | None = None
-    """Weight of the entropy bonus that keeps the policy from collapsing early. None means 0.01 on
-    Atari (the papers') and 0 elsewhere: on CartPole 0.01 keeps the sampled policy too random to
-    average 475 (seeds 3, 4, 5 sat at 200-260 for 2M frames; with 0, seeds 3 and 4 solved by
-    0.72M), and 0 is also RL Zoo's tuned A2C setting for CartPole."""
-    value_coef: float = 0.5
-    """Weight of the value loss against the policy loss (one shared optimizer)."""
-    gamma: float = 0.99
-    """Discount factor."""
-    max_grad_norm: float = 0.5
-    """Global gradient-norm clip, which keeps a lucky large return from blowing up an update."""
-    clip_rewards: bool | None = None
-    """Use sign(r) in the loss, as DeepMind does so one lr fits every game. None means: on
-    for Atari, off otherwise. Logged episode returns are always the raw score."""
+from gossiprl.rl.settings import A2CConfig
 
 
 def resolve_defaults(cfg: A2CConfig, atari: bool) -> A2CConfig:

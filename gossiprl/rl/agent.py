@@ -15,7 +15,7 @@ import math
 import os
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Mapping, Protocol
 
@@ -23,47 +23,12 @@ import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from gossiprl.rl.a2c import A2CConfig, Rollout, make_optimizer, resolve_defaults, update
+from gossiprl.rl.a2c import Rollout, make_optimizer, resolve_defaults, update
 from gossiprl.rl.envs import is_atari, make_env
 from gossiprl.rl.models import flatten_parameters, make_model
+from gossiprl.rl.settings import AgentConfig
 
 log = logging.getLogger("gossiprl.rl.agent")
-
-
-@dataclass
-class AgentConfig:
-    env_id: str = "CartPole-v1"
-    """A gymnasium id, or an Atari id ('ALE/Pong-v5', 'PongNoFrameskip-v4')."""
-    total_frames: int = 2_000_000
-    """Frames for THIS agent, counted over a resume. On Atari a frame is an emulator frame,
-    i.e. env steps x 4 (frameskip), as the papers count them; elsewhere one env step."""
-    seed: int = 1
-    """Base seed; agent ``rank`` uses seed + rank, so agents explore differently."""
-    agents: int = 1
-    """How many agents share this host; only sizes the default torch_threads."""
-    device: str = "auto"
-    """'auto', 'cpu' or 'cuda'; on cuda agent ``rank`` takes GPU rank % device_count."""
-    torch_threads: int = 0
-    """Intra-op threads for torch and ALE; 0 means max(1, cpu_count // agents), so agents
-    on one host do not oversubscribe the cores."""
-    sticky_actions: float = 0.0
-    """Atari repeat_action_probability (0 as in the papers)."""
-    gossip_every: int = 1
-    """Exchange parameters after every this many updates (1 = after every step, as PALA)."""
-    aggregate: str = "mean"
-    """How letters are mixed in: 'mean' (the mixing matrix's weights, PALA), or the robust
-    'trimmed-mean' / 'median' over our parameters and the letters (gossiprl.comms.gossip.mix)."""
-    deviation_bound: float | None = 10.0
-    """Drop a letter farther from our parameters than this many times the recent distances
-    (gossiprl.comms.gossip.DeviationBound); None turns the bound off."""
-    log_every: int = 100
-    """Updates between rows of metrics.csv / TensorBoard points."""
-    checkpoint_every: int = 1000
-    """Updates between checkpoints (one is also written at the end)."""
-    stop_at_return: float | None = None
-    """Stop early once the mean of the last 100 finished episodes reaches this."""
-    a2c: A2CConfig = field(default_factory=A2CConfig)
-    """The learner's hyperparameters (paper defaults)."""
 
 
 class GossipHook(Protocol):
@@ -100,6 +65,8 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
     in this session, the returns of the episodes finished since the previous report, so a
     launcher can judge the whole swarm (the solve threshold over all agents' last 100
     episodes), and its last gossip's consensus distance (None before its first gossip).
+    The summary's ``frames`` and ``run_wall_seconds`` count every session of the run (from the
+    checkpoint's counters), ``wall_seconds`` and ``fps`` only this one.
     """
     agent_dir = Path(run_dir) / f"agent-{rank}"
     agent_dir.mkdir(parents=True, exist_ok=True)
@@ -118,7 +85,7 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
     # instead of replaying the ones it started with.
     rng = np.random.default_rng([cfg.seed + rank, counters["updates"]])
     torch.manual_seed(int(rng.integers(2**31)))
-    threads = cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.agents)
+    threads = cfg.torch_threads or max(1, (os.cpu_count() or 1) // (cfg.agents_per_host or 1))
     torch.set_num_threads(threads)
     device = pick_device(cfg.device, rank)
     a2c = resolve_defaults(cfg.a2c, is_atari(cfg.env_id))
@@ -231,6 +198,7 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
     return {
         "frames": frames,
         "wall_seconds": wall,
+        "run_wall_seconds": counters["wall_s"] + wall,
         "fps": (frames - start_frames) / max(wall, 1e-9),
         "mean_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
         "episodes": episodes,

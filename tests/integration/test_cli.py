@@ -178,7 +178,7 @@ def test_resume_with_another_env_is_refused_naming_both(tmp_path):
     (run_dir / "config.json").write_text(json.dumps({"agent": {"env_id": "CartPole-v1"}}))
     result = invoke("run", "--agents", "2", "--env", "Acrobot-v1", "--run-dir", run_dir, "--resume", "--no-progress")
     assert result.exit_code == 1
-    assert "trained on CartPole-v1, this run asks for Acrobot-v1" in result.output
+    assert "--env Acrobot-v1 conflicts with the run's env_id=CartPole-v1" in result.output
 
 
 def test_eval_of_a_corrupt_checkpoint_is_one_line_naming_the_file(tmp_path):

@@ -192,7 +192,7 @@ def _check_finished(run_dir: Path, ranks: int, agents_per_host: int, output: str
         assert int(last["frames"]) >= FRAMES, f"agent-{rank} stopped at {last['frames']} frames"
         assert last["gossip/consensus_distance"], f"agent-{rank} never gossiped"
         config = (agent_dir / "config.json").read_text()
-        assert f'"agents": {agents_per_host},' in config, f"agent-{rank} did not count its host's agents"
+        assert f'"agents_per_host": {agents_per_host},' in config, f"agent-{rank} did not count its host's agents"
 
 
 @pytest.mark.timeout(180)

@@ -39,8 +39,9 @@ def test_minatar_has_no_threshold_and_a_bad_id_says_what_is_valid():
 
 @pytest.mark.timeout(180)
 def test_a_minatar_ring_trains_a_few_updates_and_its_consensus_is_evaluated(tmp_path):
-    cfg = AgentConfig(env_id="MinAtar/Breakout-v1", total_frames=6 * 80, seed=3, log_every=2)
-    summary = run(SwarmConfig(agents=2, topology="ring"), cfg, tmp_path / "run", show_progress=False)
+    cfg = AgentConfig(env_id="MinAtar/Breakout-v1", seed=3, log_every=2)
+    summary = run(SwarmConfig(agents=2, topology="ring", total_frames=2 * 6 * 80), cfg, tmp_path / "run",
+                  show_progress=False)
     assert summary["failed"] == {}
     assert [summary["per_agent"][r]["updates"] for r in (0, 1)] == [6, 6]
     assert summary["gossip_share"] > 0

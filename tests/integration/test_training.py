@@ -41,9 +41,9 @@ CARTPOLE_FRAMES_PER_AGENT = 150_000
 @pytest.mark.timeout(150)
 def test_cartpole_ring_of_two_learns_and_its_agents_agree(tmp_path):
     run_dir = tmp_path / "ring"
-    cfg = AgentConfig(env_id="CartPole-v1", total_frames=CARTPOLE_FRAMES_PER_AGENT, seed=1, log_every=20)
-    summary = run(SwarmConfig(agents=2, topology="ring", stop_at_return=CARTPOLE_TARGET), cfg, run_dir,
-                  show_progress=False)
+    cfg = AgentConfig(env_id="CartPole-v1", seed=1, log_every=20)
+    summary = run(SwarmConfig(agents=2, topology="ring", total_frames=2 * CARTPOLE_FRAMES_PER_AGENT,
+                              stop_at_return=CARTPOLE_TARGET), cfg, run_dir, show_progress=False)
 
     assert summary["failed"] == {}
     assert summary["stopped_by"].startswith("solved"), summary["stopped_by"]
@@ -78,7 +78,7 @@ def test_cartpole_ring_of_two_learns_and_its_agents_agree(tmp_path):
     # inits differ); the gossiping pair ended <= 0.25 apart in 16 measured runs.
     gossip_distance = float((final_params(run_dir / "agent-0") - final_params(run_dir / "agent-1")).norm())
     solo_dir = tmp_path / "solo"
-    solo_cfg = AgentConfig(env_id="CartPole-v1", total_frames=20 * frames_per_update, seed=1, agents=2,
+    solo_cfg = AgentConfig(env_id="CartPole-v1", total_frames=20 * frames_per_update, seed=1, agents_per_host=2,
                            log_every=20)
     threads = torch.get_num_threads()
     try:

@@ -1,0 +1,363 @@
+"""Configuration from one source: the dataclasses, read as flags, as files and on resume.
+
+SwarmConfig (``launch``), AgentConfig and A2CConfig (``rl.settings``) declare every setting once:
+its name, type and default, and in the attribute docstring under it what it means. From them
+this module makes
+
+* the click options of `gossiprl run`, `agent` and `bench train` (``Settings.options``):
+  ``--field-name``, the field's default, its docstring as the help, a type from the annotation
+  (bool: ``--x/--no-x``; ``X | None``: may stay unset; ``choices``: click.Choice);
+* a command's values, from defaults < a config file (TOML, YAML, or a run's config.json) <
+  the flags given on the command line (``Settings.resolve``);
+* the configs themselves (``Settings.build``), without copying key by key;
+* on ``--resume``, the run's own config.json as the base, and the refusal of flags that would
+  change what the run has been learning with (``resume_values``).
+
+What a flag needs beyond its annotation goes in the field's ``metadata``, beside the field:
+``flag`` (its name when not ``--field-name``), ``short`` (a one-letter alias), ``min`` / ``max``
+/ ``min_open`` (a range), ``choices`` (the owning module's constant), ``metavar``, ``parse`` (a
+function from the flag's text or a file's value to the field's value, raising ValueError that
+says what is valid), ``cli_default`` (the command's default, where it deliberately differs from
+the library's) and ``may_change_on_resume``.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import json
+import textwrap
+import tomllib
+import types
+import typing
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+from .launch import SwarmConfig
+from .rl.settings import AgentConfig
+
+SECTIONS = {"swarm": SwarmConfig, "agent": AgentConfig}
+"""The sections of a run's config.json and the config each holds; A2CConfig is agent.a2c."""
+
+ALIASES = {"env": "env_id"}
+"""Flat keys a file may use for a field: the flag's name where it differs from the field's."""
+
+
+@functools.cache
+def field_docs(cls) -> dict[str, str]:
+    """A dataclass's attribute docstrings (the string right under each field), as one line each.
+
+    Python keeps no such docstring at run time, so they are read from the class's source, as
+    CleanRL's and tyro's argument parsers do."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One field of a config as a command takes it."""
+
+    path: tuple[str, ...]
+    """Where it sits in a run's config.json, e.g. ("agent", "a2c", "lr")."""
+    kind: type
+    """The field's type, None taken out."""
+    optional: bool
+    """The annotation admits None."""
+    field: dataclasses.Field
+    help: str
+
+    @property
+    def name(self) -> str:
+        """The flag's parameter name and the key of a flat config file: the field's name."""
+        return self.path[-1]
+
+    @property
+    def flag(self) -> str:
+        return self.field.metadata.get("flag", "--" + self.name.replace("_", "-"))
+
+    @property
+    def default(self):
+        if "cli_default" in self.field.metadata:
+            return self.field.metadata["cli_default"]
+        if self.field.default_factory is not dataclasses.MISSING:
+            return self.field.default_factory()
+        return self.field.default
+
+    def option(self, default):
+        """The click option for this field, with ``default`` (the field's unless a command overrides it)."""
+        meta = self.field.metadata
+        decls = [self.flag, *([meta["short"]] if "short" in meta else []), self.name]
+        attrs = {"default": default, "show_default": True, "help": self.help}
+        if self.kind is bool:
+            decls[0] = f"{self.flag}/--no-{self.flag[2:]}"
+        elif self.kind is dict:
+            attrs.update(multiple=True, type=KeyInteger(), default=tuple(default.items()), show_default=False,
+                         callback=lambda ctx, param, pairs: dict(pairs))
+        elif "parse" in meta:
+            attrs["type"] = Parsed(meta["parse"], meta.get("metavar", self.kind.__name__.upper()))
+        elif "choices" in meta:
+            attrs["type"] = click.Choice(meta["choices"])
+        elif self.kind in (int, float):
+            bounds = {k: meta[k] for k in ("min", "max", "min_open", "max_open") if k in meta}
+            attrs["type"] = ((click.IntRange if self.kind is int else click.FloatRange)(**bounds) if bounds
+                             else self.kind)
+        if "metavar" in meta and "parse" not in meta:
+            attrs["metavar"] = meta["metavar"]
+        return click.option(*decls, **attrs)
+
+    def from_file(self, value, ctx: click.Context, source: str):
+        """A config file's value, checked as the flag would check its text."""
+        hint = f"'{self.name}' in {source}"
+        if value is None:
+            if self.optional:
+                return None
+            raise click.BadParameter("cannot be null here", param_hint=hint)
+        if self.kind is dict:
+            if not isinstance(value, dict) or not all(type(v) is int for v in value.values()):
+                raise click.BadParameter(f"{value!r}: give a table of integers, e.g. {{degree = 4}}", param_hint=hint)
+            return {str(k).replace("-", "_"): v for k, v in value.items()}
+        param = next(p for p in ctx.command.params if p.name == self.name)
+        try:
+            return param.type.convert(value, param, ctx)
+        except click.BadParameter as err:
+            raise click.BadParameter(err.message, param_hint=hint) from None
+
+    def as_flag(self, value) -> str:
+        """The flag that asks for ``value``, as a user would have typed it."""
+        if self.kind is bool:
+            return self.flag if value else f"--no-{self.flag[2:]}"
+        if self.kind is dict:
+            return " ".join(f"{self.flag} {k}={v}" for k, v in value.items())
+        return f"{self.flag} {'none' if value is None else value}"
+
+
+class KeyInteger(click.ParamType):
+    """KEY=INTEGER, for the integer options of a topology family."""
+
+    name = "KEY=INTEGER"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        key, sep, number = str(value).partition("=")
+        if not sep or not number.lstrip("-").isdigit():
+            self.fail(f"{value!r}: give KEY=INTEGER, e.g. degree=4", param, ctx)
+        return key.replace("-", "_"), int(number)
+
+
+class Parsed(click.ParamType):
+    """A value with a syntax of its own, read by the field's ``parse`` function."""
+
+    def __init__(self, parse, metavar: str):
+        self.parse = parse
+        self.name = metavar
+
+    def convert(self, value, param, ctx):
+        try:
+            return self.parse(value)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+def settings_of(section: str, only: tuple[str, ...] | None = None, exclude: tuple[str, ...] = ()) -> list[Setting]:
+    """The fields of a config.json section (nested configs flattened), as settings; ``only`` and
+    ``exclude`` pick by field name."""
+    found = []
+
+    def walk(cls, path):
+        hints = typing.get_type_hints(cls)
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            kind = hints[f.name]
+            if dataclasses.is_dataclass(kind):
+                walk(kind, (*path, f.name))
+                continue
+            if (only is not None and f.name not in only) or f.name in exclude:
+                continue
+            if f.name not in docs:
+                raise TypeError(f"{cls.__name__}.{f.name} has no docstring: --help would not say what it is")
+            args = typing.get_args(kind) if isinstance(kind, types.UnionType) else ()
+            optional = type(None) in args
+            base = next((a for a in args if a is not type(None)), kind)
+            found.append(Setting((*path, f.name), typing.get_origin(base) or base, optional, f, docs[f.name]))
+
+    walk(SECTIONS[section], (section,))
+    return found
+
+
+class Settings:
+    """The settings one command takes, as flags and in files, and the configs they build."""
+
+    def __init__(self, command: str, *groups: list[Setting], defaults: dict | None = None):
+        self.command = command
+        self.by_name: dict[str, Setting] = {}
+        for setting in (s for group in groups for s in group):
+            if setting.name in self.by_name:
+                raise TypeError(f"`gossiprl {command}` would take {setting.name} twice")
+            self.by_name[setting.name] = setting
+        self.by_path = {s.path: s for s in self.by_name.values()}
+        self.defaults = defaults or {}
+
+    def options(self, fn):
+        """Decorate a click command with one option per setting, in the configs' order."""
+        for setting in reversed(self.by_name.values()):
+            fn = setting.option(self.defaults.get(setting.name, setting.default))(fn)
+        return fn
+
+    def given(self, ctx: click.Context) -> set[str]:
+        """The settings whose flags were typed on the command line."""
+        return {name for name in self.by_name if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE}
+
+    def resolve(self, ctx: click.Context, base: dict | None = None) -> dict:
+        """Every setting's value: the flag's where it was given, else ``base``'s, else the default."""
+        given = self.given(ctx)
+        values = {name: ctx.params[name] for name in self.by_name}
+        values.update({name: value for name, value in (base or {}).items() if name not in given})
+        return values
+
+    def build(self, cls, values: dict, path: tuple[str, ...] | None = None):
+        """``cls`` (SwarmConfig, AgentConfig) from the values; fields this command does not take keep their default."""
+        path = path or (next(name for name, c in SECTIONS.items() if c is cls),)
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                kwargs[f.name] = self.build(hints[f.name], values, (*path, f.name))
+            elif (*path, f.name) in self.by_path:
+                kwargs[f.name] = values[f.name]
+        return cls(**kwargs)
+
+    def read(self, ctx: click.Context, data: dict, source: str) -> dict:
+        """A config file's settings by name, checked. Flat keys (``lr = 1e-3``) must be settings of
+        this command. In the sectioned shape of a run's config.json ({"swarm", "agent": {...,
+        "a2c"}, "topology"}) fields this command does not take are passed over: the file
+        describes a whole run, of which an agent, say, takes only its own part."""
+        values = {}
+        if "swarm" in data or "agent" in data:
+            for key in data.keys() - {*SECTIONS, "topology"}:
+                self._unknown(key, source, ["swarm", "agent", "topology"])
+            known = {s.path for name in SECTIONS for s in settings_of(name)}
+            for path, value in _leaves(_upgrade(data)):
+                if path in self.by_path:
+                    values[path[-1]] = self.by_path[path].from_file(value, ctx, source)
+                elif path not in known:
+                    self._unknown(".".join(path), source, sorted(".".join(p) for p in known))
+            return values
+        for key, value in data.items():
+            name = ALIASES.get(key.replace("-", "_"), key.replace("-", "_"))
+            if name not in self.by_name:
+                self._unknown(key, source, sorted(self.by_name))
+            values[name] = self.by_name[name].from_file(value, ctx, source)
+        return values
+
+    def _unknown(self, key: str, source: str, valid: list[str]):
+        close = difflib.get_close_matches(key, valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise click.BadParameter(f"{source}: {key!r} is not a setting of `gossiprl {self.command}`{hint}; "
+                                 f"valid: {', '.join(valid)}", param_hint="--config")
+
+
+def _leaves(data: dict, path: tuple[str, ...] = ()):
+    """(path, value) of every setting in a sectioned config; the top-level "topology" (the built
+    matrix, written for the record) is no setting."""
+    for key, value in data.items():
+        if not path and key == "topology":
+            continue
+        if isinstance(value, dict) and (not path or key == "a2c"):
+            yield from _leaves(value, (*path, key))
+        else:
+            yield (*path, key), value
+
+
+def _upgrade(data: dict) -> dict:
+    """A config.json written before the swarm held its budget and agents_per_host had that name:
+    agent.agents was agents per host, and the swarm's budget was agent.total_frames x agents."""
+    swarm, agent = dict(data.get("swarm") or {}), dict(data.get("agent") or {})
+    if "agents" in agent:
+        agent["agents_per_host"] = agent.pop("agents")
+        if "total_frames" not in swarm and "total_frames" in agent and "agents" in swarm:
+            swarm["total_frames"] = agent["total_frames"] * swarm["agents"]
+    return {**data, "swarm": swarm, "agent": agent}
+
+
+def _yaml(text: str):
+    import yaml  # the rl extra's; imported here so the comms-only install never needs it
+
+    return yaml.safe_load(text)
+
+
+READERS = {".toml": tomllib.loads, ".yaml": _yaml, ".yml": _yaml, ".json": json.loads}
+
+
+def load_file(path: Path) -> dict:
+    """A TOML, YAML or JSON file's table of settings, or one line saying why not."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in READERS:
+        raise click.BadParameter(f"{path}: give a .toml, .yaml / .yml or .json file", param_hint="--config")
+    try:
+        data = READERS[suffix](path.read_text())
+    except OSError as err:
+        raise click.BadParameter(f"cannot read {path}: {err.strerror}", param_hint="--config") from None
+    except ImportError:
+        raise click.BadParameter("YAML files need PyYAML: pip install pyyaml", param_hint="--config") from None
+    except Exception as err:  # tomllib, yaml and json each raise their own error type
+        raise click.BadParameter(f"{path} is not valid {suffix[1:].upper()}: {' '.join(str(err).split())}",
+                                 param_hint="--config") from None
+    if data is None:  # an empty YAML file
+        return {}
+    if not isinstance(data, dict):
+        raise click.BadParameter(f"{path} holds a {type(data).__name__}, not a table of settings",
+                                 param_hint="--config")
+    return data
+
+
+def config_option(fn):
+    """--config FILE, for the commands that take settings from a file."""
+    return click.option(
+        "--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="Settings from a TOML or YAML file, or a run's config.json: flat keys (lr = 1e-3, env = "
+             "'Acrobot-v1') or [swarm] / [agent] / [agent.a2c] sections. Flags given here win over the file.")(fn)
+
+
+def file_values(ctx: click.Context, settings: Settings, config_file: Path | None) -> dict:
+    """Defaults < the --config file < flags: the command's values."""
+    base = settings.read(ctx, load_file(config_file), str(config_file)) if config_file is not None else {}
+    return settings.resolve(ctx, base)
+
+
+def resume_values(ctx: click.Context, settings: Settings, run_dir: Path | None, config_file: Path | None) -> dict:
+    """The values of a resumed run: its config.json < flags given now.
+
+    A resumed run goes on learning what it learned, so a flag may differ from the saved value
+    only for a field marked ``may_change_on_resume``: how long and how the swarm runs (its
+    budget, time limit, stop rule, transport and data plane, the device, threads, logging and
+    checkpoint periods), never what the agents learn with (agents, topology, mode, env, seed,
+    A2C's hyperparameters, codec, aggregation). Flags equal to the saved value are fine."""
+    if run_dir is None:
+        raise click.UsageError("--resume needs --run-dir: the run to continue")
+    if config_file is not None:
+        raise click.UsageError(f"--resume takes its settings from {run_dir / 'config.json'}: drop --config")
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        raise click.ClickException(f"cannot resume: {run_dir} holds no run (no config.json)")
+    saved = settings.read(ctx, load_file(path), str(path))
+    conflicts, given = [], settings.given(ctx)
+    for name, setting in settings.by_name.items():
+        if (name in given and name in saved and ctx.params[name] != saved[name]
+                and not setting.field.metadata.get("may_change_on_resume")):
+            conflicts.append(f"{setting.as_flag(ctx.params[name])} conflicts with the run's {name}={saved[name]}")
+    if conflicts:
+        flags = "the flag" if len(conflicts) == 1 else "these flags"
+        raise click.ClickException(f"cannot resume {run_dir}: {', '.join(conflicts)} (config.json); "
+                                   f"drop {flags} or start a new --run-dir")
+    return settings.resolve(ctx, saved)

@@ -1,0 +1,95 @@
+"""The agent's settings, A2CConfig and AgentConfig: plain dataclasses, importable without torch.
+
+They live apart from the learner (``a2c``) and the loop (``agent``), which need torch, because
+the command line is built from them (``gossiprl.config``) and must start, and print its help,
+on the comms-only install. Each field's default and attribute docstring are its one
+declaration: ``gossiprl run --help`` shows that docstring. ``field(metadata=...)`` carries what
+a flag needs beyond the type (a range, the valid choices); ``gossiprl.config`` says which keys.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gossiprl.comms.gossip import AGGREGATES
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def deviation_factor(value) -> float | None:
+    """The command line's --deviation-bound: 0 turns the bound off (None), else a factor > 1."""
+    factor = None if value is None else float(value)
+    if not factor:
+        return None
+    if factor <= 1:
+        raise ValueError(f"{factor:g}: give a factor > 1, or 0 to turn the bound off")
+    return factor
+
+
+@dataclass
+class A2CConfig:
+    num_envs: int = field(default=16, metadata={"min": 1})
+    """Environments stepped in lockstep by this agent's learner (the papers' actors per learner)."""
+    n_steps: int = field(default=5, metadata={"min": 1})
+    """Steps per env before each update; the return bootstraps from V after n_steps."""
+    lr: float = field(default=7e-4, metadata={"min": 0, "min_open": True})
+    """RMSProp learning rate (GALA's README uses 1.4e-3 with 4 learners on Atari)."""
+    rmsprop_eps: float = field(default=1e-5, metadata={"min": 0, "min_open": True})
+    """RMSProp epsilon, larger than torch's 1e-8 default as in the A2C papers, so steps stay
+    bounded while the squared-gradient average is still near zero."""
+    rmsprop_alpha: float = field(default=0.99, metadata={"min": 0, "max": 1})
+    """RMSProp smoothing constant for the squared-gradient average."""
+    entropy_coef: float | None = field(default=None, metadata={"min": 0})
+    """Weight of the entropy bonus that keeps the policy from collapsing early. None means 0.01 on
+    Atari (the papers') and 0 elsewhere: on CartPole 0.01 keeps the sampled policy too random to
+    average 475 (seeds 3, 4, 5 sat at 200-260 for 2M frames; with 0, seeds 3 and 4 solved by
+    0.72M), and 0 is also RL Zoo's tuned A2C setting for CartPole."""
+    value_coef: float = field(default=0.5, metadata={"min": 0})
+    """Weight of the value loss against the policy loss (one shared optimizer)."""
+    gamma: float = field(default=0.99, metadata={"min": 0, "max": 1})
+    """Discount factor."""
+    max_grad_norm: float = field(default=0.5, metadata={"min": 0, "min_open": True})
+    """Global gradient-norm clip, which keeps a lucky large return from blowing up an update."""
+    clip_rewards: bool | None = None
+    """Use sign(r) in the loss, as DeepMind does so one lr fits every game. None means: on
+    for Atari, off otherwise. Logged episode returns are always the raw score."""
+
+
+@dataclass
+class AgentConfig:
+    env_id: str = field(default="CartPole-v1", metadata={"flag": "--env"})
+    """A gymnasium id, or an Atari id ('ALE/Pong-v5', 'PongNoFrameskip-v4') run on ale-py's C++
+    vector env."""
+    total_frames: int = field(default=2_000_000, metadata={"min": 1, "may_change_on_resume": True})
+    """Frames for THIS agent, counted over a resume (launch.run sets it from the swarm's budget,
+    SwarmConfig.total_frames). On Atari a frame is an emulator frame, i.e. env steps x 4
+    (frameskip), as the papers count them; elsewhere one env step."""
+    seed: int = 1
+    """Base seed; agent ``rank`` uses seed + rank, so agents explore differently."""
+    agents_per_host: int | None = field(default=None, metadata={"min": 1, "may_change_on_resume": True})
+    """How many agents share this host's cores; only sizes the default torch_threads. None: 1, or
+    for `gossiprl agent` the launcher's processes per host (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE,
+    OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS); launch.run sets it to the swarm's size."""
+    device: str = field(default="auto", metadata={"choices": DEVICES, "may_change_on_resume": True})
+    """'auto', 'cpu' or 'cuda'; on cuda agent ``rank`` takes GPU rank % device_count."""
+    torch_threads: int = field(default=0, metadata={"min": 0, "may_change_on_resume": True})
+    """Intra-op threads for torch and ALE; 0 means max(1, cpu_count // agents_per_host), so agents
+    on one host do not oversubscribe the cores."""
+    sticky_actions: float = field(default=0.0, metadata={"min": 0, "max": 1})
+    """Atari repeat_action_probability (0 as in the papers)."""
+    gossip_every: int = field(default=1, metadata={"min": 1})
+    """Exchange parameters after every this many updates (1 = after every step, as PALA)."""
+    aggregate: str = field(default="mean", metadata={"choices": AGGREGATES})
+    """How letters are mixed in: 'mean' (the mixing matrix's weights, PALA), or the robust
+    'trimmed-mean' / 'median' over our parameters and the letters (gossiprl.comms.gossip.mix)."""
+    deviation_bound: float | None = field(default=10.0, metadata={"parse": deviation_factor, "metavar": "FACTOR"})
+    """Drop a letter farther from our parameters than this many times the recent distances
+    (gossiprl.comms.gossip.DeviationBound, counted in gossip/dropped); None, or 0 on the command
+    line, turns the bound off."""
+    log_every: int = field(default=100, metadata={"min": 1, "may_change_on_resume": True})
+    """Updates between rows of metrics.csv / TensorBoard points."""
+    checkpoint_every: int = field(default=1000, metadata={"min": 1, "may_change_on_resume": True})
+    """Updates between checkpoints (one is also written at the end)."""
+    stop_at_return: float | None = field(default=None, metadata={"may_change_on_resume": True})
+    """Stop early once the mean of this agent's last 100 finished episodes reaches this."""
+    a2c: A2CConfig = field(default_factory=A2CConfig)
+    """The learner's hyperparameters (paper defaults)."""

@@ -1,0 +1,39 @@
+"""A run resumed through the CLI: config.json is its settings, and the summary covers every session."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gossiprl.cli import main
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.mark.timeout(180)
+def test_resume_extends_the_budget_records_it_and_counts_every_sessions_time(tmp_path):
+    run_dir = tmp_path / "run"
+    config_path = tmp_path / "cartpole.toml"
+    config_path.write_text('env = "CartPole-v1"\nagents = 2\nstop_at_return = "none"\nlog_every = 5\n')
+    result = invoke("run", "--config", config_path, "--total-frames", 4000, "--run-dir", run_dir, "--no-progress")
+    assert result.exit_code == 0, result.output
+    first = json.loads((run_dir / "summary.json").read_text())
+    assert first["frames"] == 4000 and first["wall_seconds"] == first["session_wall_seconds"]
+    assert json.loads((run_dir / "config.json").read_text())["swarm"]["total_frames"] == 4000
+
+    refused = invoke("run", "--run-dir", run_dir, "--resume", "--agents", 4, "--total-frames", 8000, "--no-progress")
+    assert refused.exit_code == 1 and "--agents 4 conflicts with the run's agents=2" in refused.output
+    assert json.loads((run_dir / "summary.json").read_text()) == first  # nothing ran
+
+    # every other setting (2 agents, no stop at a return, log every 5) comes from config.json
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--agents", 2, "--total-frames", 8000, "--no-progress")
+    assert result.exit_code == 0, result.output
+    second = json.loads((run_dir / "summary.json").read_text())
+    assert second["frames"] == 8000 and second["agents"] == 2 and second["stopped_by"] == "total frames"
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["swarm"]["total_frames"] == 8000 and saved["agent"]["total_frames"] == 4000
+    assert second["wall_seconds"] == pytest.approx(first["wall_seconds"] + second["session_wall_seconds"])
+    assert [a["frames"] for a in second["per_agent"].values()] == [4000, 4000]
+    assert second["fps"] == pytest.approx(4000 / second["session_wall_seconds"])  # the frames this session trained
+    assert "fps only this one" in second["time_definition"]

@@ -1,0 +1,235 @@
+"""Configuration from one source: flags generated from the dataclasses, config files, resume rules.
+
+The commands are invoked for real, with launch.run / launch.run_agent replaced by a recorder
+that keeps the configs they were handed and stops there, so nothing trains."""
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+
+import pytest
+from click.testing import CliRunner
+
+from gossiprl import cli, config, launch
+from gossiprl.launch import SwarmConfig
+from gossiprl.rl.settings import A2CConfig, AgentConfig
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """What launch.run and launch.run_agent were asked to do; each call ends the command."""
+    calls = []
+
+    def record(*args, **kw):
+        calls.append((args, kw))
+        raise launch.RunError("recorded")
+
+    monkeypatch.setattr(launch, "run", record)
+    monkeypatch.setattr(launch, "run_agent", record)
+    return calls
+
+
+def squash(text: str) -> str:
+    """--help wraps lines (and words at hyphens) anywhere: compare without any whitespace."""
+    return "".join(text.split())
+
+
+@pytest.mark.parametrize("command,settings", [(["run"], cli.RUN_SETTINGS), (["agent"], cli.AGENT_SETTINGS),
+                                              (["bench", "train"], cli.BENCH_TRAIN_SETTINGS)])
+def test_help_shows_every_fields_docstring_and_default(command, settings):
+    shown = squash(invoke(*command, "--help").output)
+    assert len(settings.by_name) >= 5
+    for name, setting in settings.by_name.items():
+        assert squash(setting.help) in shown, name
+        default = settings.defaults.get(name, setting.default)
+        if setting.kind is bool and default is not None:
+            assert f"default:{'' if default else 'no-'}{setting.flag[2:]}]" in shown, name
+        elif default not in (None, {}):
+            assert f"default:{default}" in shown, name
+
+
+def test_help_keeps_the_documented_flag_names_and_defaults():
+    shown = squash(invoke("run", "--help").output)
+    for flag in ("--env", "--total-frames", "--seed", "--device", "--torch-threads", "--num-envs", "--n-steps", "--lr",
+                 "--entropy-coef", "--gossip-every", "--aggregate", "--deviation-bound", "--codec", "--run-dir",
+                 "--resume", "--topology", "-n,--agents", "--mode", "--max-staleness", "--transport", "--data-plane",
+                 "--stop-at-return", "--max-seconds", "--fail-fast", "--peers", "--time-varying",
+                 "--peers-per-round", "--option", "--config"):
+        assert flag in shown, flag
+    assert "[default:2000000;x>=1]" in shown and "[default:auto]" in shown  # --total-frames, --stop-at-return
+    assert "--agents-per-host" in squash(invoke("agent", "--help").output)
+
+
+def test_field_docs_reads_the_string_under_each_field():
+    @dataclass
+    class Example:
+        plain: int = 1
+        """One line."""
+        spread: float = field(default=2.0, metadata={"min": 0})
+        """Two
+        lines."""
+        undocumented: str = "x"
+
+    assert config.field_docs(Example) == {"plain": "One line.", "spread": "Two lines."}
+
+
+def test_choices_come_from_the_modules_constants():
+    from gossiprl.comms.dataplane import PLANES
+    from gossiprl.comms.gossip import AGGREGATES
+    from gossiprl.comms.turnlocks import MODES
+    from gossiprl.comms.wire import CODECS
+
+    for name, valid in (("mode", MODES), ("codec", CODECS), ("data_plane", PLANES), ("aggregate", AGGREGATES)):
+        assert cli.RUN_SETTINGS.by_name[name].field.metadata["choices"] is valid
+
+
+def test_a_toml_file_sets_values(tmp_path, recorded):
+    path = tmp_path / "run.toml"
+    path.write_text('lr = 1e-3\nenv = "Acrobot-v1"\nagents = 3\ntopology = "full"\nfail_fast = true\n'
+                    '[topology_options]\n')
+    result = invoke("run", "--config", path, "--run-dir", tmp_path / "r", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (swarm, cfg, _), _ = recorded[0]
+    assert cfg.a2c.lr == 1e-3 and cfg.env_id == "Acrobot-v1"
+    assert swarm.agents == 3 and swarm.topology == "full" and swarm.fail_fast is True
+    assert cfg.a2c.n_steps == A2CConfig().n_steps  # what the file leaves out keeps its default
+
+
+def test_a_yaml_file_in_sections_sets_values(tmp_path, recorded):
+    path = tmp_path / "run.yaml"
+    path.write_text("swarm:\n  agents: 2\n  mode: async\n  max_staleness: 3\n  topology_options: {}\n"
+                    "agent:\n  seed: 7\n  deviation_bound: null\n  a2c:\n    n_steps: 3\n    entropy_coef: 0.02\n")
+    result = invoke("run", "--config", path, "--run-dir", tmp_path / "r", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (swarm, cfg, _), _ = recorded[0]
+    assert (swarm.agents, swarm.mode, swarm.max_staleness) == (2, "async", 3)
+    assert cfg.seed == 7 and cfg.deviation_bound is None
+    assert cfg.a2c.n_steps == 3 and cfg.a2c.entropy_coef == 0.02
+
+
+def test_a_runs_config_json_sets_values(tmp_path, recorded):
+    """The whole record of a run: run takes the swarm's budget, not agent.total_frames (per agent)."""
+    saved = {"swarm": asdict(SwarmConfig(agents=3, topology="full", total_frames=6000, codec="bf16")),
+             "agent": asdict(AgentConfig(seed=5, total_frames=2000, agents_per_host=3, a2c=A2CConfig(num_envs=8))),
+             "topology": {"name": "full", "n": 3}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(saved))
+    result = invoke("run", "--config", path, "--run-dir", tmp_path / "r", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (swarm, cfg, _), _ = recorded[0]
+    assert (swarm.agents, swarm.topology, swarm.total_frames, swarm.codec) == (3, "full", 6000, "bf16")
+    assert cfg.seed == 5 and cfg.a2c.num_envs == 8
+    # an agent of a multi-host swarm takes its own part of the same record: its budget, and the codec
+    result = invoke("agent", "--connect", "tcp://127.0.0.1:9", "--rank", 0, "--config", path, "--run-dir", tmp_path)
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (_, _, agent_cfg, _), kw = recorded[1]
+    assert agent_cfg.total_frames == 2000 and agent_cfg.a2c.num_envs == 8 and kw["codec"] == "bf16"
+
+
+def test_a_flag_beats_the_file(tmp_path, recorded):
+    path = tmp_path / "run.toml"
+    path.write_text("lr = 1e-3\nseed = 9\n")
+    result = invoke("run", "--config", path, "--lr", 2e-3, "--run-dir", tmp_path / "r", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (_, cfg, _), _ = recorded[0]
+    assert cfg.a2c.lr == 2e-3 and cfg.seed == 9
+
+
+@pytest.mark.parametrize("text,words", [
+    ("lrr = 1e-3\n", ["'lrr' is not a setting of `gossiprl run`", "did you mean 'lr'?", "valid: "]),
+    ("n_steps = 0\n", ["'n_steps' in", "0 is not in the range x>=1"]),
+    ('mode = "eventual"\n', ["'mode' in", "'eventual' is not one of 'sync', 'async'"]),
+    ("agents_per_host = 2\n", ["'agents_per_host' is not a setting of `gossiprl run`"]),
+    ("[agent.a2c]\nlearning_rate = 1\n", ["'agent.a2c.learning_rate' is not a setting"]),
+    ("lr = \n", ["is not valid TOML"]),
+])
+def test_unknown_keys_and_bad_values_are_refused_in_one_line_and_nothing_starts(tmp_path, recorded, text, words):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    result = invoke("run", "--config", path, "--run-dir", tmp_path / "r", "--no-progress")
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1 and all(w in error[0] for w in words), result.output
+    assert recorded == [] and not (tmp_path / "r").exists()
+
+
+def _saved_run(tmp_path, **swarm):
+    run_dir = tmp_path / "x"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({
+        "swarm": asdict(SwarmConfig(**{"agents": 4, "total_frames": 8000, **swarm})),
+        "agent": asdict(AgentConfig(seed=5, agents_per_host=4, total_frames=2000)), "topology": None}))
+    return run_dir
+
+
+def test_resume_refuses_a_conflicting_flag_naming_it(tmp_path, recorded):
+    run_dir = _saved_run(tmp_path)
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--agents", 2, "--no-progress")
+    assert result.exit_code == 1
+    assert result.output.strip() == (f"Error: cannot resume {run_dir}: --agents 2 conflicts with the run's agents=4 "
+                                     "(config.json); drop the flag or start a new --run-dir")
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--seed", 6, "--mode", "async", "--no-progress")
+    assert result.exit_code == 1
+    assert ("--mode async conflicts with the run's mode=sync, --seed 6 conflicts with the run's seed=5 "
+            "(config.json); drop these flags") in result.output
+    assert recorded == []
+
+
+def test_resume_accepts_equal_flags_and_the_ones_that_may_change(tmp_path, recorded):
+    run_dir = _saved_run(tmp_path, max_seconds=100.0)
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--agents", 4, "--seed", 5, "--total-frames", 16000,
+                    "--max-seconds", 50, "--device", "cpu", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (swarm, cfg, _), kw = recorded[0]
+    assert kw["resume"] is True
+    assert (swarm.agents, swarm.total_frames, swarm.max_seconds, swarm.topology) == (4, 16000, 50.0, "ring")
+    assert cfg.seed == 5 and cfg.device == "cpu"
+
+
+def test_resume_takes_the_saved_settings_not_the_defaults(tmp_path, recorded):
+    run_dir = _saved_run(tmp_path, codec="fp16", stop_at_return=None)
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (swarm, cfg, _), _ = recorded[0]
+    assert swarm.codec == "fp16" and swarm.total_frames == 8000 and swarm.stop_at_return is None and cfg.seed == 5
+
+
+def test_resume_without_run_dir_is_refused_and_makes_no_directory(tmp_path, monkeypatch, recorded):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", "--resume", "--no-progress")
+    assert result.exit_code == 2 and "Error: --resume needs --run-dir: the run to continue" in result.output
+    assert recorded == [] and list(tmp_path.iterdir()) == []
+
+
+def test_resume_with_a_config_file_is_refused(tmp_path, recorded):
+    run_dir = _saved_run(tmp_path)
+    path = tmp_path / "run.toml"
+    path.write_text("lr = 1e-3\n")
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--config", path)
+    assert result.exit_code == 2 and "drop --config" in result.output and recorded == []
+
+
+def test_a_config_json_from_before_agents_per_host_still_resumes(tmp_path, recorded):
+    """Runs started before the rename saved agent.agents and no swarm budget."""
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    agent = {**asdict(AgentConfig(total_frames=1500)), "agents": 2}
+    del agent["agents_per_host"]
+    swarm = asdict(SwarmConfig(agents=2))
+    del swarm["total_frames"]
+    (run_dir / "config.json").write_text(json.dumps({"swarm": swarm, "agent": agent, "topology": None}))
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (swarm_cfg, _, _), _ = recorded[0]
+    assert swarm_cfg.total_frames == 3000
+
+
+def test_the_command_line_is_built_without_importing_torch():
+    """The settings dataclasses are torch-free so `gossiprl broker` starts on the comms-only install."""
+    code = "import sys, gossiprl.cli; print(sorted({'torch', 'gymnasium'} & sys.modules.keys()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
