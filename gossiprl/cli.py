@@ -93,7 +93,12 @@ def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, ex
            peer_timeout, stats_every, curve_secret, curve_allow, insecure, data_plane, metrics_port, metrics_bind):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
     from .comms.broker import Broker
+    from .comms.keys import check_endpoint
 
+    try:
+        check_endpoint(bind)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--bind") from None
     topo = load_topology(topology_spec, agents, peers, time_varying, peers_per_round, extra)
     if (curve_secret is None) != (curve_allow is None):
         raise click.UsageError("--curve-secret and --curve-allow go together (the broker's key and the agents' keys)")
@@ -581,10 +586,15 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_e
     """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
 
     --total-frames is this agent's own budget here."""
+    from .comms.keys import check_endpoint, client_options
+
+    try:
+        check_endpoint(connect)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--connect") from None
     require_rl("agent")
     from . import launch
     from .rl.agent import CheckpointError
-    from .comms.keys import client_options
 
     if (curve_secret is None) != (curve_broker is None):
         raise click.UsageError("--curve-secret and --curve-broker go together (this agent's key and the broker's)")
