@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -554,14 +555,23 @@ def run(topology_spec, agents, peers, time_varying, peers_per_round, extra, mode
         at = summary["solved_at"]
         click.echo(f"solved after {at['frames']:,} frames and {at['wall_seconds']:.1f}s")
     click.echo(f"done ({summary['stopped_by']}): {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
-               f"({summary['fps']:,.0f} frames/s), mean return {summary['mean_return']:.1f} over the last "
-               f"{min(100, summary['episodes'])} episodes, {100 * summary['gossip_share']:.1f}% of time in gossip")
+               f"({summary['fps']:,.0f} frames/s), {_returns_line(summary)}, "
+               f"{100 * summary['gossip_share']:.1f}% of time in gossip")
     if summary["failed"]:
         for rank, why in summary["failed"].items():
             click.echo(f"agent-{rank} failed: {why}", err=True)
         sys.exit(1)
     if summary["stopped_by"] == "interrupted":
         sys.exit(130)
+
+
+def _returns_line(summary: dict) -> str:
+    """The end line's return: the mean over the last 100 episodes, or that none finished (not 'nan')."""
+    from .launch import format_return
+
+    if not summary["episodes"]:
+        return f"mean return {format_return(None)}"
+    return f"mean return {format_return(summary['mean_return'])} over the last {min(100, summary['episodes'])} episodes"
 
 
 def _interrupt(signum, frame):
@@ -622,7 +632,10 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_e
                                    stop=stop, echo=click.echo, curve=curve, progress_every=progress_every)
     except (launch.RunError, FileNotFoundError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
-    click.echo(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))
+    click.echo(f"agent-{rank} done: {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
+               f"({summary['fps']:,.0f} frames/s), {_returns_line(summary)}")
+    click.echo(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v  # JSON has no NaN
+                           for k, v in summary.items() if not isinstance(v, dict)}, default=str))
 
 
 @main.command("eval")

@@ -401,12 +401,24 @@ def _progress_bar(total_frames: int, enabled: bool):
             bar.close()
             return
         bar.update(progress.total_frames - bar.n)
-        means = progress.agent_means
-        own = f" (agents {min(means):.0f}-{max(means):.0f})" if len(means) > 1 else ""
-        bar.set_postfix_str(f"return {progress.mean_return:.1f}{own}  gossip {100 * progress.gossip_share:.0f}%",
-                            refresh=False)
+        bar.set_postfix_str(_postfix(progress), refresh=False)
 
     return update
+
+
+def _postfix(progress: Progress) -> str:
+    means = progress.agent_means
+    own = f" (agents {min(means):.0f}-{max(means):.0f})" if len(means) > 1 else ""
+    return f"return {format_return(progress.mean_return)}{own}  gossip {100 * progress.gossip_share:.0f}%"
+
+
+NO_EPISODE = "n/a (no episode finished yet)"
+
+
+def format_return(value: float | None) -> str:
+    """A mean return for a person to read: Atari episodes last minutes, and until the first one
+    ends there is no return to show; 'nan' there reads like a diverged run."""
+    return NO_EPISODE if value is None or math.isnan(value) else f"{value:.1f}"
 
 
 def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = False,
@@ -465,7 +477,7 @@ def _progress_line(rank: int, echo, every_s: float):
             return
         fps = (r["frames"] - last["frames"]) / (r["wall_s"] - last["wall_s"])
         last.update(r)
-        mean = f"{sum(returns) / len(returns):.1f}" if returns else "n/a (no episode finished yet)"
+        mean = format_return(sum(returns) / len(returns) if returns else None)
         echo(f"agent-{rank}: {r['frames']:,} frames, {fps:,.0f} frames/s, return {mean}, "
              f"gossip {100 * r['gossip_s'] / max(r['wall_s'], 1e-9):.0f}%")
 

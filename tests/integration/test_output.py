@@ -1,4 +1,11 @@
-"""What a new user reads: endpoint errors that say what is valid, progress and end lines without nan."""
+"""What a new user meets: errors that say what is valid, exit codes, cleanup, and lines without nan."""
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -11,6 +18,26 @@ from gossiprl.comms.client import GossipClient
 
 def invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_that_finished_no_episode_prints_no_nan(tmp_path):
+    """One update of 16 CartPole envs x 5 steps ends no episode (the shortest takes 8 steps)."""
+    result = invoke("run", "--agents", 1, "--total-frames", 80, "--run-dir", tmp_path / "run", "--progress")
+    assert result.exit_code == 0, result.output
+    assert "mean return n/a (no episode finished yet)" in result.output
+    assert not re.search(r"\bnan\b", result.output, re.IGNORECASE), result.output
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_that_finished_no_episode_prints_no_nan(tmp_path):
+    with Broker(topologies.make("ring", 2), mode="async").start() as broker:
+        result = invoke("agent", "--connect", broker.address, "--rank", 0, "--total-frames", 80,
+                        "--run-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "agent-0 done: 80 frames" in result.output and "mean return n/a" in result.output
+    assert not re.search(r"\bnan\b", result.output, re.IGNORECASE), result.output
+    assert json.loads(result.output.strip().splitlines()[-1])["mean_return"] is None
 
 
 @pytest.mark.parametrize("endpoint, example", [
@@ -47,3 +74,18 @@ def test_agent_connect_that_is_no_endpoint_gets_one_line():
     assert "5559 is not a ZeroMQ endpoint" in result.output and "Traceback" not in result.output
     with pytest.raises(ValueError, match="not a ZeroMQ endpoint"):
         GossipClient("5559", 0)
+
+
+def test_progress_line_before_the_first_episode_says_so_not_nan(capsys):
+    from gossiprl.launch import Progress, _postfix, _progress_bar
+
+    progress = Progress(agents=2)
+    progress.add(0, {"frames": 320, "gossip_s": 0.1, "wall_s": 1.0, "returns": []})
+    assert _postfix(progress).startswith("return n/a (no episode finished yet)")
+    bar = _progress_bar(1000, True)
+    bar(progress)
+    bar(None)
+    shown = capsys.readouterr().err
+    assert "n/a (no episode finished yet)" in shown and "nan" not in shown
+    progress.add(1, {"frames": 320, "gossip_s": 0.1, "wall_s": 1.0, "returns": [12.0, 14.0]})
+    assert _postfix(progress).startswith("return 13.0 ")
