@@ -476,6 +476,18 @@ def check_env(env_id: str):
         raise click.BadParameter(str(err), param_hint="--env") from None
 
 
+def stop_target(value: str, threshold: float | None) -> float | None:
+    """--stop-at-return auto|none|X -> the mean return to stop at (auto: the env's threshold), or None."""
+    if value == "auto":
+        return threshold
+    if value == "none":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give a number, 'auto' or 'none'", param_hint="--stop-at-return") from None
+
+
 def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
     name = f"{env_id.replace('/', '-')}__{Path(topology).stem if topology else 'a2c'}__{seed}__{int(time.time())}"
     return Path("runs") / name
@@ -518,16 +530,7 @@ def run(topology_spec, agents, peers, time_varying, peers_per_round, extra, mode
         topology_spec = "ring"
     if topology_spec is not None:
         load_topology(topology_spec, agents, peers, time_varying, peers_per_round, extra)
-    if stop_at_return == "auto":
-        target = threshold
-    elif stop_at_return == "none":
-        target = None
-    else:
-        try:
-            target = float(stop_at_return)
-        except ValueError:
-            raise click.BadParameter(f"{stop_at_return!r}: give a number, 'auto' or 'none'",
-                                     param_hint="--stop-at-return") from None
+    target = stop_target(stop_at_return, threshold)
     swarm = launch.SwarmConfig(agents=agents, topology=topology_spec, peers=peers, time_varying=time_varying,
                                peers_per_round=peers_per_round, topology_options=extra_topology_options(extra),
                                mode=mode, max_staleness=max_staleness, codec=kw["codec"], transport=transport,
@@ -562,7 +565,7 @@ def run(topology_spec, agents, peers, time_varying, peers_per_round, extra, mode
             click.echo(f"agent-{rank} failed: {why}", err=True)
         sys.exit(1)
     if summary["stopped_by"] == "interrupted":
-        sys.exit(130)
+        sys.exit(_interrupted_status(_signals_received[0] if _signals_received else signal.SIGINT))
 
 
 def _returns_line(summary: dict) -> str:
@@ -575,7 +578,19 @@ def _returns_line(summary: dict) -> str:
 
 
 def _interrupt(signum, frame):
+    _signals_received.append(signum)
     raise KeyboardInterrupt
+
+
+_signals_received: list[int] = []
+"""Signals that stopped `gossiprl run`: its exit status names the first one."""
+
+
+def _interrupted_status(signum: int) -> int:
+    """128 + the signal, as a shell reports a process the signal ended: 130 for Ctrl-C, 143 for
+    SIGTERM (scancel, docker stop, kill), so a scheduler or script tells a stopped run from a
+    finished one (0) or a failed one (1) even though the process caught the signal to checkpoint."""
+    return 128 + signum
 
 
 @main.command()
@@ -591,8 +606,11 @@ def _interrupt(signum, frame):
               help="The broker's public key (broker.key).")
 @click.option("--progress-every", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds between progress lines (frames, frames/s, return, gossip share); 0: none.")
+@click.option("--stop-at-return", default="auto", show_default=True,
+              help="Stop once THIS agent's last 100 episodes average this; 'auto': the env's reward threshold, "
+                   "'none': never.")
 @agent_options
-def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_every, **kw):
+def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_every, stop_at_return, **kw):
     """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
 
     --total-frames is this agent's own budget here."""
@@ -615,27 +633,40 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_e
         except (ValueError, OSError) as err:
             raise click.ClickException(str(err)) from None
     check_device(kw["device"])
-    check_env(kw["env_id"])
+    target = stop_target(stop_at_return, check_env(kw["env_id"]))
     try:
         rank = launch.rank_from_environment(rank)
     except launch.RunError as err:
         raise click.UsageError(str(err)) from None
     cfg = make_agent_config(kw, 1)
     cfg.agents = launch.agents_per_host_from_environment(agents_per_host)
+    cfg.stop_at_return = target
     run_dir = kw["run_dir"] or Path("runs") / "agents"
-    click.echo(f"agent-{rank} -> broker {connect}; run dir {run_dir}")
+    click.echo(f"agent-{rank} -> broker {connect}; run dir {run_dir}"
+               + (f"; stops at mean return {target:g} (its own last 100 episodes)" if target is not None else ""))
     stop = threading.Event()  # SIGTERM (scancel) or Ctrl-C: finish the update, checkpoint, leave
+    received = []
+
+    def on_signal(signum, frame):
+        received.append(signum)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     try:
         summary = launch.run_agent(connect, rank, cfg, run_dir, resume=kw["resume"], codec=kw["codec"],
                                    stop=stop, echo=click.echo, curve=curve, progress_every=progress_every)
     except (launch.RunError, FileNotFoundError, CheckpointError) as err:
+        if received:  # stopped while waiting for the broker: say so, and exit as interrupted
+            click.echo(str(err), err=True)
+            sys.exit(_interrupted_status(received[0]))
         raise click.ClickException(str(err)) from None
     click.echo(f"agent-{rank} done: {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
                f"({summary['fps']:,.0f} frames/s), {_returns_line(summary)}")
     click.echo(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v  # JSON has no NaN
                            for k, v in summary.items() if not isinstance(v, dict)}, default=str))
+    if received:
+        sys.exit(_interrupted_status(received[0]))
 
 
 @main.command("eval")

@@ -1,6 +1,7 @@
 """What a new user meets: errors that say what is valid, exit codes, cleanup, and lines without nan."""
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ def test_an_agent_that_finished_no_episode_prints_no_nan(tmp_path):
         result = invoke("agent", "--connect", broker.address, "--rank", 0, "--total-frames", 80,
                         "--run-dir", tmp_path)
     assert result.exit_code == 0, result.output
+    assert "stops at mean return 475 (its own last 100 episodes)" in result.output  # auto: CartPole's threshold
     assert "agent-0 done: 80 frames" in result.output and "mean return n/a" in result.output
     assert not re.search(r"\bnan\b", result.output, re.IGNORECASE), result.output
     assert json.loads(result.output.strip().splitlines()[-1])["mean_return"] is None
@@ -89,3 +91,40 @@ def test_progress_line_before_the_first_episode_says_so_not_nan(capsys):
     assert "n/a (no episode finished yet)" in shown and "nan" not in shown
     progress.add(1, {"frames": 320, "gossip_s": 0.1, "wall_s": 1.0, "returns": [12.0, 14.0]})
     assert _postfix(progress).startswith("return 13.0 ")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_agent_checkpoints_and_exits_128_plus_the_signal(tmp_path, sig):
+    """Ctrl-C used to end `gossiprl agent` with 0, as if it had finished its budget."""
+    with Broker(topologies.make("ring", 2), mode="async").start() as broker:  # async: rank 1 is not waited for
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "gossiprl.cli", "agent", "--connect", broker.address, "--rank", "0",
+             "--total-frames", "100000000", "--stop-at-return", "none", "--run-dir", str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "agent-0" / "metrics.csv").exists():
+            assert time.monotonic() < deadline and agent.poll() is None, "the agent never started training"
+            time.sleep(0.2)
+        agent.send_signal(sig)
+        output, _ = agent.communicate(timeout=60)
+    assert agent.returncode == 128 + sig, output
+    assert "agent-0 done:" in output
+    assert (tmp_path / "agent-0" / "checkpoint.pt").stat().st_size > 0
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_stops_once_its_own_last_100_episodes_reach_stop_at_return(tmp_path):
+    """Any CartPole episode returns 8 or more, so a target of 5 is met once 100 episodes ended."""
+    with Broker(topologies.make("ring", 2), mode="async").start() as broker:
+        result = invoke("agent", "--connect", broker.address, "--rank", 0, "--total-frames", 10_000_000,
+                        "--stop-at-return", 5, "--run-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "stops at mean return 5 (its own last 100 episodes)" in result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["episodes"] >= 100 and summary["mean_return"] >= 5 and summary["frames"] < 100_000
+
+
+def test_agent_stop_at_return_refuses_words():
+    result = invoke("agent", "--connect", "tcp://127.0.0.1:9", "--rank", 0, "--stop-at-return", "soon")
+    assert result.exit_code == 2 and "'soon': give a number, 'auto' or 'none'" in result.output
