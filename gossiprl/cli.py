@@ -76,7 +76,11 @@ def main(verbose: int) -> None:
 @click.option("--peer-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="Seconds of silence before an agent is unregistered.")
 @click.option("--stats-every", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="Print broker stats every this many seconds (0: never).")
+              help="Print a line of broker stats every this many seconds (0: never).")
+@click.option("--stats-json", is_flag=True, help="Print the stats as full JSON (as -v does) instead of one short line.")
+@click.option("--exit-when-done", is_flag=True,
+              help="Exit once every rank has registered and then left with BYE (the swarm finished), e.g. for "
+                   "a broker started with & beside its agents.")
 @click.option("--curve-secret", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The broker's CURVE secret key (broker.key_secret from `gossiprl keys generate`).")
 @click.option("--curve-allow", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -91,9 +95,10 @@ def main(verbose: int) -> None:
 @click.option("--metrics-bind", default="127.0.0.1", show_default=True,
               help="Address the stats server binds (anything wider lets others on that network read the stats).")
 def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, extra, mode, max_staleness,
-           peer_timeout, stats_every, curve_secret, curve_allow, insecure, data_plane, metrics_port, metrics_bind):
+           peer_timeout, stats_every, stats_json, exit_when_done, curve_secret, curve_allow, insecure, data_plane,
+           metrics_port, metrics_bind):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
-    from .comms.broker import Broker
+    from .comms.broker import Broker, stats_line
     from .comms.keys import check_endpoint
 
     try:
@@ -131,10 +136,16 @@ def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, ex
             raise click.ClickException(f"cannot serve stats on {metrics_bind}:{metrics_port}: {err.strerror}") from None
         click.echo(f"stats on {stats_server.address}/metrics (Prometheus) and /stats; "
                    f"watch with `gossiprl top {stats_server.address}`")
+    as_json = stats_json or click.get_current_context().find_root().params["verbose"] > 0
+    next_stats = time.monotonic() + stats_every
     try:
-        while b.wait(stats_every or 3600):
-            if stats_every:
-                click.echo(json.dumps(b.stats()))
+        while b.wait(min(stats_every or 3600, DONE_POLL_S if exit_when_done else 3600)):
+            if stats_every and time.monotonic() >= next_stats:
+                next_stats += stats_every
+                click.echo(json.dumps(b.stats()) if as_json else stats_line(b.stats()))
+            if exit_when_done and b.swarm_done():
+                click.echo(f"all {topo.n} agents registered and left with BYE: the swarm is done")
+                return
         raise click.ClickException(f"the broker stopped serving (a bug: please report it):\n{b.failure}")
     except (KeyboardInterrupt, SystemExit):
         pass
@@ -143,6 +154,10 @@ def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, ex
             stats_server.close()
         b.close()
         click.echo("broker stopped")
+
+
+DONE_POLL_S = 0.5
+"""How often `gossiprl broker --exit-when-done` looks whether its swarm has finished."""
 
 
 @main.command()
@@ -639,7 +654,8 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_e
     except launch.RunError as err:
         raise click.UsageError(str(err)) from None
     cfg = make_agent_config(kw, 1)
-    cfg.agents = launch.agents_per_host_from_environment(agents_per_host)
+    per_host = launch.local_size_from_environment(agents_per_host)
+    cfg.agents = per_host or 1
     cfg.stop_at_return = target
     run_dir = kw["run_dir"] or Path("runs") / "agents"
     click.echo(f"agent-{rank} -> broker {connect}; run dir {run_dir}"
@@ -655,7 +671,8 @@ def agent(connect, rank, agents_per_host, curve_secret, curve_broker, progress_e
         signal.signal(sig, on_signal)
     try:
         summary = launch.run_agent(connect, rank, cfg, run_dir, resume=kw["resume"], codec=kw["codec"],
-                                   stop=stop, echo=click.echo, curve=curve, progress_every=progress_every)
+                                   stop=stop, echo=click.echo, curve=curve, progress_every=progress_every,
+                                   size_from_swarm=per_host is None)
     except (launch.RunError, FileNotFoundError, CheckpointError) as err:
         if received:  # stopped while waiting for the broker: say so, and exit as interrupted
             click.echo(str(err), err=True)

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -40,6 +41,9 @@ def test_an_agent_that_finished_no_episode_prints_no_nan(tmp_path):
     assert "agent-0 done: 80 frames" in result.output and "mean return n/a" in result.output
     assert not re.search(r"\bnan\b", result.output, re.IGNORECASE), result.output
     assert json.loads(result.output.strip().splitlines()[-1])["mean_return"] is None
+    # nobody said how many agents share this host, and the broker is on loopback: its whole swarm may
+    assert "the broker is on this host, so its 2 agents may share this host's" in result.output
+    assert json.loads((tmp_path / "agent-0" / "config.json").read_text())["agents"] == 2
 
 
 @pytest.mark.parametrize("endpoint, example", [
@@ -118,8 +122,10 @@ def test_an_agent_stops_once_its_own_last_100_episodes_reach_stop_at_return(tmp_
     """Any CartPole episode returns 8 or more, so a target of 5 is met once 100 episodes ended."""
     with Broker(topologies.make("ring", 2), mode="async").start() as broker:
         result = invoke("agent", "--connect", broker.address, "--rank", 0, "--total-frames", 10_000_000,
-                        "--stop-at-return", 5, "--run-dir", tmp_path)
+                        "--stop-at-return", 5, "--agents-per-host", 1, "--run-dir", tmp_path)
     assert result.exit_code == 0, result.output
+    assert "may share this host" not in result.output  # told, so not guessed
+    assert json.loads((tmp_path / "agent-0" / "config.json").read_text())["agents"] == 1
     assert "stops at mean return 5 (its own last 100 episodes)" in result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
     assert summary["episodes"] >= 100 and summary["mean_return"] >= 5 and summary["frames"] < 100_000
@@ -128,3 +134,49 @@ def test_an_agent_stops_once_its_own_last_100_episodes_reach_stop_at_return(tmp_
 def test_agent_stop_at_return_refuses_words():
     result = invoke("agent", "--connect", "tcp://127.0.0.1:9", "--rank", 0, "--stop-at-return", "soon")
     assert result.exit_code == 2 and "'soon': give a number, 'auto' or 'none'" in result.output
+
+
+@pytest.mark.timeout(30)
+def test_swarm_done_once_every_rank_registered_and_said_bye():
+    with Broker(topologies.make("ring", 3), peer_timeout=30).start() as broker:
+        clients = [GossipClient(broker.address, r) for r in (0, 1)]
+        clients[0].close()
+        clients[1].close()
+        time.sleep(0.3)
+        assert not broker.swarm_done()  # rank 2 never came
+        last = GossipClient(broker.address, 2)
+        assert not broker.swarm_done()
+        last.close()
+        deadline = time.monotonic() + 5
+        while not broker.swarm_done():
+            assert time.monotonic() < deadline, broker.stats()
+            time.sleep(0.05)
+        again = GossipClient(broker.address, 0, takeover=True)  # a rank back with --resume: not done any more
+        assert not broker.swarm_done()
+        again.close()
+
+
+@pytest.mark.timeout(60)
+def test_broker_prints_a_short_stats_line_and_exits_when_its_swarm_is_done():
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", "broker", "--bind", "tcp://127.0.0.1:0", "--agents", "2",
+         "--stats-every", "0.5", "--exit-when-done"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        address = broker.stdout.readline().split()[3].rstrip(":")
+        clients = [GossipClient(address, r, timeout=10) for r in (0, 1)]
+        clients[1].publish({"w": np.zeros(4, np.float32)})
+        clients[0].publish({"w": np.ones(4, np.float32)})
+        clients[0].collect()
+        time.sleep(1.2)
+        for c in clients:
+            c.close()
+        output, _ = broker.communicate(timeout=10)
+    finally:
+        if broker.poll() is None:
+            broker.kill()
+    assert broker.returncode == 0, output
+    stats = [line for line in output.splitlines() if line.startswith("broker: ")]
+    assert stats and not any(line.startswith("{") for line in output.splitlines()), output
+    assert "2/2 agents registered, 0 left (BYE), 0 gone" in output, output
+    assert "2 letters" in output and all(len(line) < 160 for line in stats), stats
+    assert "all 2 agents registered and left with BYE" in output
