@@ -14,8 +14,10 @@ import json
 import logging
 import math
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import queue
+import shutil
 import signal
 import tempfile
 import threading
@@ -205,13 +207,21 @@ def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None
             (directory / "agents" / "agent.key_secret", directory / "broker" / "broker.key"))
 
 
-def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, codec, curve, stop, reports):
-    """Body of the process ``agent-<rank>``: train, gossiping through the broker at ``address``."""
+def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, codec, curve, stop_pipe, report_pipe,
+                   private_dir):
+    """Body of the process ``agent-<rank>``: train, gossiping through the broker at ``address``.
+
+    The launcher talks to it over two plain pipes rather than a multiprocessing Event and Queue:
+    those are named POSIX semaphores, which a launcher killed with -9 can never unlink (the
+    resource tracker then cleans them up and warns of leaked semaphores). ``stop_pipe`` turns
+    readable when the launcher says stop, and at EOF when the launcher is gone; an agent left
+    behind that way also removes the launcher's ``private_dir``, which no one else will."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; Ctrl-C reaches it
     from .rl.agent import train
 
-    threading.Thread(target=_stop_when_orphaned, args=(stop,), name="orphan-watch", daemon=True).start()
-
+    stop = threading.Event()
+    threading.Thread(target=_watch_launcher, args=(stop_pipe, stop), name="launcher-watch", daemon=True).start()
+    reports = _Reporter(report_pipe)
     gossip = None
     try:
         if address is not None:
@@ -227,12 +237,72 @@ def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout,
     finally:
         if gossip is not None:
             gossip.close()
+        if not mp.parent_process().is_alive():
+            shutil.rmtree(private_dir, ignore_errors=True)
 
 
-def _stop_when_orphaned(stop) -> None:
-    """If the launcher dies without a word (kill -9), stop after this update, checkpoint and exit."""
-    mp.parent_process().join()
+def _watch_launcher(stop_pipe, stop: threading.Event) -> None:
+    """Set ``stop`` when the launcher says so, or dies without a word (kill -9: EOF on the pipe):
+    the agent then stops after this update, checkpoints and exits."""
+    mp.connection.wait([stop_pipe, mp.parent_process().sentinel])
     stop.set()
+
+
+class _Reporter:
+    """An agent's end of its report pipe. A launcher that is gone makes a report fail, and that
+    must not cost the agent its final checkpoint: what cannot be reported is dropped."""
+
+    def __init__(self, pipe):
+        self._pipe = pipe
+
+    def put(self, report: tuple) -> None:
+        try:
+            self._pipe.send(report)
+        except OSError:
+            pass
+
+
+class _LauncherStop:
+    """The launcher's stop for its agents: one pipe whose read end every agent holds and none
+    reads, so one byte written makes it readable for all of them."""
+
+    def __init__(self, ctx):
+        self.reader, self._writer = ctx.Pipe(duplex=False)
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._writer.send_bytes(b"stop")
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+class _Reports:
+    """The agents' reports, one pipe per agent: ``get`` returns the next (kind, rank, payload)
+    or raises queue.Empty after ``timeout``. An agent that exited leaves EOF on its pipe, which is
+    dropped (its death is noticed from its process)."""
+
+    def __init__(self):
+        self._readers: list = []
+
+    def add(self, reader) -> None:
+        self._readers.append(reader)
+
+    def get(self, timeout: float) -> tuple:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._readers:
+                time.sleep(max(left, 0))
+                raise queue.Empty
+            for reader in mp.connection.wait(self._readers, left):
+                try:
+                    return reader.recv()
+                except EOFError:
+                    self._readers.remove(reader)
+                    reader.close()
 
 
 def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo=print,
@@ -256,7 +326,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                                       "topology": topo.to_dict() if topo else None})
     swarm_log = SwarmLog(run_dir, {"swarm": asdict(swarm), "agent": asdict(agent_cfg)}, track)
     ctx = mp.get_context("spawn")
-    stop, reports = ctx.Event(), ctx.Queue()
+    stop, reports = _LauncherStop(ctx), _Reports()
     progress = Progress(swarm.agents)
     procs: dict[int, mp.Process] = {}
     broker = None
@@ -285,11 +355,14 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
         bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
         try:
             for rank in range(swarm.agents):
+                reader, writer = ctx.Pipe(duplex=False)
+                reports.add(reader)
                 procs[rank] = ctx.Process(
                     target=_agent_process, name=f"agent-{rank}",
                     args=(rank, broker.address if broker else None, swarm.agents, agent_cfg, str(run_dir),
-                          resume, swarm.gossip_timeout, swarm.codec, agent_curve, stop, reports))
+                          resume, swarm.gossip_timeout, swarm.codec, agent_curve, stop.reader, writer, tmp))
                 procs[rank].start()
+                writer.close()  # the agent holds the only write end: its pipe reads EOF once it is gone
             while len(summaries) + len(failures) < swarm.agents:
                 if swarm.max_seconds is not None and time.perf_counter() - start > swarm.max_seconds \
                         and not stop.is_set():

@@ -1,5 +1,6 @@
 """What a new user meets: errors that say what is valid, exit codes, cleanup, and lines without nan."""
 import json
+import os
 import re
 import signal
 import subprocess
@@ -180,3 +181,44 @@ def test_broker_prints_a_short_stats_line_and_exits_when_its_swarm_is_done():
     assert "2/2 agents registered, 0 left (BYE), 0 gone" in output, output
     assert "2 letters" in output and all(len(line) < 160 for line in stats), stats
     assert "all 2 agents registered and left with BYE" in output
+
+
+def _children(pid):
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _alive(pid):
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_a_killed_launcher_leaves_no_private_dir_and_no_leaked_semaphore(tmp_path, transport):
+    """kill -9 on `gossiprl run` used to leave its /tmp/gossiprl-* directory (socket, throwaway
+    keys) and the named semaphores of its multiprocessing Event and Queue behind."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--total-frames", "100000000",
+         "--transport", transport, "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TMPDIR": str(tmpdir)})
+    deadline = time.monotonic() + 90
+    while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline and launcher.poll() is None, "agents never started training"
+        time.sleep(0.2)
+    assert [p.name for p in tmpdir.iterdir() if p.name.startswith("gossiprl-")], "the launcher made no private dir"
+    children = _children(launcher.pid)
+    launcher.kill()
+    stderr = launcher.communicate(timeout=60)[1]  # EOF once every process holding the launcher's stderr is gone
+    deadline = time.monotonic() + 30
+    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in children if _alive(pid)], "processes outlived a killed launcher"
+    assert not [p.name for p in tmpdir.iterdir() if p.name.startswith("gossiprl-")]
+    assert "leaked semaphore" not in stderr and "leaked" not in stderr, stderr
+    for rank in (0, 1):
+        assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
