@@ -50,6 +50,65 @@ closes the broker, and an agent parked on a turn lock notices after 3 silent hea
 pings are cheap on one host, so they come often and the swarm stops within a second."""
 
 
+PEER_TIMEOUT_S = 60.0
+"""Seconds of silence after which the local broker declares an agent gone (the broker's default)."""
+
+MAX_HEARTBEAT_S = 10.0
+"""The stretched heartbeat's ceiling: a broker that really died is still noticed within 30 s."""
+
+AGENT_MEMORY_MB = 130
+"""Resident memory of one CartPole agent process (torch, gymnasium, the model): 100 agents took
+12.5 GB. Atari agents take more."""
+
+
+def host_cores() -> int:
+    """Cores this process may run on (its affinity mask, as taskset or a container's cpuset set it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class HostLoad:
+    """How hard a swarm of ``agents`` processes presses on ``cores``, and the timeouts that allow for it.
+
+    With more agents than cores each agent gets ``cores / agents`` of a core, so everything it
+    does (starting up, one update, answering a ping) takes ``oversubscription`` times longer;
+    with the one-core timeouts, starving agents were declared gone and rejoined over and over
+    (100 agents on 2 cores: load 80, exit 1). Heartbeat and timeouts stretch by that factor."""
+
+    agents: int
+    cores: int
+
+    @property
+    def oversubscription(self) -> float:
+        return max(1.0, self.agents / max(1, self.cores))
+
+    @property
+    def heartbeat(self) -> float:
+        return min(LOCAL_HEARTBEAT_S * self.oversubscription, max(LOCAL_HEARTBEAT_S, MAX_HEARTBEAT_S))
+
+    @property
+    def peer_timeout(self) -> float:
+        return PEER_TIMEOUT_S * self.oversubscription
+
+    def gossip_timeout(self, asked: float) -> float:
+        return asked * self.oversubscription
+
+    def warning(self) -> str | None:
+        """What to expect and what to do, when there are more agents than cores; None otherwise."""
+        if self.agents <= self.cores:
+            return None
+        x = self.oversubscription
+        return (f"warning: {self.agents} agents on {self.cores} core(s): each gets {1 / x:.2g} of a core, so expect "
+                f"every agent to run ~{x:.3g}x slower than alone, a slow start and about "
+                f"{self.agents * AGENT_MEMORY_MB / 1000:.1f} GB of memory in all; heartbeat {self.heartbeat:.2g}s and "
+                f"peer timeout {self.peer_timeout:.0f}s are stretched {x:.3g}x so starving agents are not declared "
+                f"gone. For speed, run at most {self.cores} agent(s) here or spread the swarm over hosts "
+                f"(gossiprl broker + gossiprl agent).")
+
+
 class RunError(RuntimeError):
     """A run that cannot start as asked; the message says why and what to do instead."""
 
@@ -207,8 +266,8 @@ def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None
             (directory / "agents" / "agent.key_secret", directory / "broker" / "broker.key"))
 
 
-def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, codec, curve, stop_pipe, report_pipe,
-                   private_dir):
+def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, heartbeat, codec, curve, stop_pipe,
+                   report_pipe, private_dir):
     """Body of the process ``agent-<rank>``: train, gossiping through the broker at ``address``.
 
     The launcher talks to it over two plain pipes rather than a multiprocessing Event and Queue:
@@ -226,7 +285,7 @@ def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout,
     try:
         if address is not None:
             client = GossipClient(address, rank, n=n, timeout=gossip_timeout, codec=codec,
-                                  heartbeat=LOCAL_HEARTBEAT_S, takeover=resume, curve=curve)
+                                  heartbeat=heartbeat, takeover=resume, curve=curve)
             gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
         summary = train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
                         progress=lambda report: reports.put(("progress", rank, report)))
@@ -321,6 +380,9 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
             raise RunError("more than one agent needs a --topology")
         topo = make_topology(swarm)
     agent_cfg = replace(agent_cfg, agents=swarm.agents)
+    load = HostLoad(swarm.agents, host_cores())
+    if load.warning():
+        echo(load.warning())
     run_dir = Path(run_dir)
     prepare_run_dir(run_dir, resume, {"swarm": asdict(swarm), "agent": asdict(agent_cfg),
                                       "topology": topo.to_dict() if topo else None})
@@ -341,7 +403,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
         if topo is not None:
             bind, broker_curve, agent_curve = private_endpoint(Path(tmp), swarm.transport)
             broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness,
-                            curve=broker_curve, data_plane=swarm.data_plane).start()
+                            peer_timeout=load.peer_timeout, curve=broker_curve, data_plane=swarm.data_plane).start()
         stats_server = None
         if broker is not None and metrics_port is not None:
             from .monitor import StatsServer
@@ -360,7 +422,8 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                 procs[rank] = ctx.Process(
                     target=_agent_process, name=f"agent-{rank}",
                     args=(rank, broker.address if broker else None, swarm.agents, agent_cfg, str(run_dir),
-                          resume, swarm.gossip_timeout, swarm.codec, agent_curve, stop.reader, writer, tmp))
+                          resume, load.gossip_timeout(swarm.gossip_timeout), load.heartbeat, swarm.codec,
+                          agent_curve, stop.reader, writer, tmp))
                 procs[rank].start()
                 writer.close()  # the agent holds the only write end: its pipe reads EOF once it is gone
             while len(summaries) + len(failures) < swarm.agents:

@@ -222,3 +222,38 @@ def test_a_killed_launcher_leaves_no_private_dir_and_no_leaked_semaphore(tmp_pat
     assert "leaked semaphore" not in stderr and "leaked" not in stderr, stderr
     for rank in (0, 1):
         assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
+
+
+def test_host_load_stretches_heartbeat_and_timeouts_with_oversubscription():
+    from gossiprl.launch import LOCAL_HEARTBEAT_S, MAX_HEARTBEAT_S, PEER_TIMEOUT_S, HostLoad
+
+    fits = HostLoad(agents=2, cores=2)
+    assert fits.warning() is None
+    assert (fits.heartbeat, fits.peer_timeout, fits.gossip_timeout(60)) == (LOCAL_HEARTBEAT_S, PEER_TIMEOUT_S, 60)
+    crowded = HostLoad(agents=24, cores=2)
+    assert crowded.oversubscription == 12
+    assert crowded.heartbeat == 12 * LOCAL_HEARTBEAT_S and crowded.peer_timeout == 12 * PEER_TIMEOUT_S
+    assert crowded.gossip_timeout(60) == 720
+    assert HostLoad(agents=100, cores=2).heartbeat == MAX_HEARTBEAT_S  # a dead broker is still noticed in 30 s
+    said = crowded.warning()
+    assert said.startswith("warning: 24 agents on 2 core(s)") and "~12x slower" in said
+    assert "run at most 2 agent(s) here" in said
+
+
+@pytest.mark.timeout(150)
+def test_run_with_more_agents_than_cores_warns_and_gives_its_broker_the_stretched_timeout(tmp_path, monkeypatch):
+    from gossiprl import launch
+
+    monkeypatch.setattr(launch, "host_cores", lambda: 1)
+    timeouts = []
+    real_broker = launch.Broker
+
+    def broker(*args, **kwargs):
+        timeouts.append(kwargs["peer_timeout"])
+        return real_broker(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "Broker", broker)
+    result = invoke("run", "--agents", 2, "--total-frames", 160, "--run-dir", tmp_path / "run", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "warning: 2 agents on 1 core(s)" in result.output and "peer timeout 120s" in result.output
+    assert timeouts == [120.0]
