@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -57,7 +58,11 @@ def main(verbose: int) -> None:
 @click.option("--peer-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="Seconds of silence before an agent is unregistered.")
 @click.option("--stats-every", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="Print broker stats every this many seconds (0: never).")
+              help="Print a line of broker stats every this many seconds (0: never).")
+@click.option("--stats-json", is_flag=True, help="Print the stats as full JSON (as -v does) instead of one short line.")
+@click.option("--exit-when-done", is_flag=True,
+              help="Exit once every rank has registered and then left with BYE (the swarm finished), e.g. for "
+                   "a broker started with & beside its agents.")
 @click.option("--curve-secret", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The broker's CURVE secret key (broker.key_secret from `gossiprl keys generate`).")
 @click.option("--curve-allow", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -69,10 +74,16 @@ def main(verbose: int) -> None:
 @click.option("--metrics-bind", default="127.0.0.1", show_default=True,
               help="Address the stats server binds (anything wider lets others on that network read the stats).")
 def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, topology_options, mode, max_staleness,
-           peer_timeout, stats_every, curve_secret, curve_allow, insecure, data_plane, metrics_port, metrics_bind):
+           peer_timeout, stats_every, stats_json, exit_when_done, curve_secret, curve_allow, insecure, data_plane,
+           metrics_port, metrics_bind):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
-    from .comms.broker import Broker
+    from .comms.broker import Broker, stats_line
+    from .comms.keys import check_endpoint
 
+    try:
+        check_endpoint(bind)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--bind") from None
     topo = load_topology(topology_spec, agents, peers, time_varying, peers_per_round, topology_options)
     if (curve_secret is None) != (curve_allow is None):
         raise click.UsageError("--curve-secret and --curve-allow go together (the broker's key and the agents' keys)")
@@ -104,10 +115,16 @@ def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, to
             raise click.ClickException(f"cannot serve stats on {metrics_bind}:{metrics_port}: {err.strerror}") from None
         click.echo(f"stats on {stats_server.address}/metrics (Prometheus) and /stats; "
                    f"watch with `gossiprl top {stats_server.address}`")
+    as_json = stats_json or click.get_current_context().find_root().params["verbose"] > 0
+    next_stats = time.monotonic() + stats_every
     try:
-        while b.wait(stats_every or 3600):
-            if stats_every:
-                click.echo(json.dumps(b.stats()))
+        while b.wait(min(stats_every or 3600, DONE_POLL_S if exit_when_done else 3600)):
+            if stats_every and time.monotonic() >= next_stats:
+                next_stats += stats_every
+                click.echo(json.dumps(b.stats()) if as_json else stats_line(b.stats()))
+            if exit_when_done and b.swarm_done():
+                click.echo(f"all {topo.n} agents registered and left with BYE: the swarm is done")
+                return
         raise click.ClickException(f"the broker stopped serving (a bug: please report it):\n{b.failure}")
     except (KeyboardInterrupt, SystemExit):
         pass
@@ -116,6 +133,10 @@ def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, to
             stats_server.close()
         b.close()
         click.echo("broker stopped")
+
+
+DONE_POLL_S = 0.5
+"""How often `gossiprl broker --exit-when-done` looks whether its swarm has finished."""
 
 
 @main.command()
@@ -397,8 +418,21 @@ def check_env(env_id: str):
         raise click.BadParameter(str(err), param_hint="--env") from None
 
 
+def stop_target(value: str, threshold: float | None) -> float | None:
+    """--stop-at-return auto|none|X -> the mean return to stop at (auto: the env's threshold), or None."""
+    if value == "auto":
+        return threshold
+    if value == "none":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give a number, 'auto' or 'none'", param_hint="--stop-at-return") from None
+
+
 def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
-    name = f"{env_id.replace('/', '-')}__{Path(topology).stem if topology else 'a2c'}__{seed}__{int(time.time())}"
+    env = env_id.rpartition(":")[2].replace("/", "-")  # MODULE:ENV_ID names the run after ENV_ID
+    name = f"{env}__{Path(topology).stem if topology else 'a2c'}__{seed}__{int(time.time())}"
     return Path("runs") / name
 
 
@@ -457,18 +491,39 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
         at = summary["solved_at"]
         click.echo(f"solved after {at['frames']:,} frames and {at['wall_seconds']:.1f}s")
     click.echo(f"done ({summary['stopped_by']}): {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
-               f"({summary['fps']:,.0f} frames/s), mean return {summary['mean_return']:.1f} over the last "
-               f"{min(100, summary['episodes'])} episodes, {100 * summary['gossip_share']:.1f}% of time in gossip")
+               f"({summary['fps']:,.0f} frames/s), {_returns_line(summary)}, "
+               f"{100 * summary['gossip_share']:.1f}% of time in gossip")
     if summary["failed"]:
         for rank, why in summary["failed"].items():
             click.echo(f"agent-{rank} failed: {why}", err=True)
         sys.exit(1)
     if summary["stopped_by"] == "interrupted":
-        sys.exit(130)
+        sys.exit(_interrupted_status(_signals_received[0] if _signals_received else signal.SIGINT))
+
+
+def _returns_line(summary: dict) -> str:
+    """The end line's return: the mean over the last 100 episodes, or that none finished (not 'nan')."""
+    from .launch import format_return
+
+    if not summary["episodes"]:
+        return f"mean return {format_return(None)}"
+    return f"mean return {format_return(summary['mean_return'])} over the last {min(100, summary['episodes'])} episodes"
 
 
 def _interrupt(signum, frame):
+    _signals_received.append(signum)
     raise KeyboardInterrupt
+
+
+_signals_received: list[int] = []
+"""Signals that stopped `gossiprl run`: its exit status names the first one."""
+
+
+def _interrupted_status(signum: int) -> int:
+    """128 + the signal, as a shell reports a process the signal ended: 130 for Ctrl-C, 143 for
+    SIGTERM (scancel, docker stop, kill), so a scheduler or script tells a stopped run from a
+    finished one (0) or a failed one (1) even though the process caught the signal to checkpoint."""
+    return 128 + signum
 
 
 @main.command()
@@ -481,17 +536,26 @@ def _interrupt(signum, frame):
               help="The broker's public key (broker.key).")
 @click.option("--progress-every", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds between progress lines (frames, frames/s, return, gossip share); 0: none.")
+@click.option("--stop-at-return", default="auto", show_default=True,
+              help="Stop once THIS agent's last 100 episodes average this; 'auto': the env's reward threshold, "
+                   "'none': never.")
 @config.config_option
 @AGENT_SETTINGS.options
 @run_dir_options
 @click.pass_context
-def agent(ctx, connect, rank, curve_secret, curve_broker, progress_every, config_file, run_dir, resume, **_):
+def agent(ctx, connect, rank, curve_secret, curve_broker, progress_every, stop_at_return, config_file, run_dir, resume,
+          **_):
     """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
 
     --total-frames is this agent's own budget here."""
+    from .comms.keys import check_endpoint, client_options
+
+    try:
+        check_endpoint(connect)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--connect") from None
     require_rl("agent")
     from . import launch
-    from .comms.keys import client_options
     from .rl.agent import CheckpointError
     from .rl.settings import AgentConfig
 
@@ -506,24 +570,40 @@ def agent(ctx, connect, rank, curve_secret, curve_broker, progress_every, config
             raise click.ClickException(str(err)) from None
     cfg = AGENT_SETTINGS.build(AgentConfig, values)
     check_device(cfg.device)
-    check_env(cfg.env_id)
+    target = stop_target(stop_at_return, check_env(cfg.env_id))
     try:
         rank = launch.rank_from_environment(rank)
     except launch.RunError as err:
         raise click.UsageError(str(err)) from None
-    cfg = replace(cfg, agents_per_host=launch.agents_per_host_from_environment(cfg.agents_per_host))
+    per_host = launch.local_size_from_environment(cfg.agents_per_host)
+    cfg = replace(cfg, agents_per_host=per_host or 1, stop_at_return=target)
     run_dir = run_dir or Path("runs") / "agents"
-    click.echo(f"agent-{rank} -> broker {connect}; run dir {run_dir}")
+    click.echo(f"agent-{rank} -> broker {connect}; run dir {run_dir}"
+               + (f"; stops at mean return {target:g} (its own last 100 episodes)" if target is not None else ""))
     stop = threading.Event()  # SIGTERM (scancel) or Ctrl-C: finish the update, checkpoint, leave
+    received = []
+
+    def on_signal(signum, frame):
+        received.append(signum)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     try:
         summary = launch.run_agent(connect, rank, cfg, run_dir, resume=resume, codec=values["codec"],
                                    gossip_timeout=values["gossip_timeout"], stop=stop, echo=click.echo, curve=curve,
-                                   progress_every=progress_every)
+                                   progress_every=progress_every, size_from_swarm=per_host is None)
     except (launch.RunError, FileNotFoundError, CheckpointError) as err:
+        if received:  # stopped while waiting for the broker: say so, and exit as interrupted
+            click.echo(str(err), err=True)
+            sys.exit(_interrupted_status(received[0]))
         raise click.ClickException(str(err)) from None
-    click.echo(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))
+    click.echo(f"agent-{rank} done: {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
+               f"({summary['fps']:,.0f} frames/s), {_returns_line(summary)}")
+    click.echo(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v  # JSON has no NaN
+                           for k, v in summary.items() if not isinstance(v, dict)}, default=str))
+    if received:
+        sys.exit(_interrupted_status(received[0]))
 
 
 @main.command("eval")

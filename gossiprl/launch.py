@@ -14,8 +14,10 @@ import json
 import logging
 import math
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import queue
+import shutil
 import signal
 import tempfile
 import threading
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import topologies
 
+from .comms import keys
 from .comms.broker import Broker
 from .comms.client import BrokerUnavailable, GossipClient, GossipError
 from .comms.dataplane import PLANES
@@ -48,6 +51,65 @@ LOCAL_HEARTBEAT_S = 0.25
 """Heartbeat of agents that share a host with their broker. At the end of a run the launcher
 closes the broker, and an agent parked on a turn lock notices after 3 silent heartbeats;
 pings are cheap on one host, so they come often and the swarm stops within a second."""
+
+
+PEER_TIMEOUT_S = 60.0
+"""Seconds of silence after which the local broker declares an agent gone (the broker's default)."""
+
+MAX_HEARTBEAT_S = 10.0
+"""The stretched heartbeat's ceiling: a broker that really died is still noticed within 30 s."""
+
+AGENT_MEMORY_MB = 130
+"""Resident memory of one CartPole agent process (torch, gymnasium, the model): 100 agents took
+12.5 GB. Atari agents take more."""
+
+
+def host_cores() -> int:
+    """Cores this process may run on (its affinity mask, as taskset or a container's cpuset set it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class HostLoad:
+    """How hard a swarm of ``agents`` processes presses on ``cores``, and the timeouts that allow for it.
+
+    With more agents than cores each agent gets ``cores / agents`` of a core, so everything it
+    does (starting up, one update, answering a ping) takes ``oversubscription`` times longer;
+    with the one-core timeouts, starving agents were declared gone and rejoined over and over
+    (100 agents on 2 cores: load 80, exit 1). Heartbeat and timeouts stretch by that factor."""
+
+    agents: int
+    cores: int
+
+    @property
+    def oversubscription(self) -> float:
+        return max(1.0, self.agents / max(1, self.cores))
+
+    @property
+    def heartbeat(self) -> float:
+        return min(LOCAL_HEARTBEAT_S * self.oversubscription, max(LOCAL_HEARTBEAT_S, MAX_HEARTBEAT_S))
+
+    @property
+    def peer_timeout(self) -> float:
+        return PEER_TIMEOUT_S * self.oversubscription
+
+    def gossip_timeout(self, asked: float) -> float:
+        return asked * self.oversubscription
+
+    def warning(self) -> str | None:
+        """What to expect and what to do, when there are more agents than cores; None otherwise."""
+        if self.agents <= self.cores:
+            return None
+        x = self.oversubscription
+        return (f"warning: {self.agents} agents on {self.cores} core(s): each gets {1 / x:.2g} of a core, so expect "
+                f"every agent to run ~{x:.3g}x slower than alone, a slow start and about "
+                f"{self.agents * AGENT_MEMORY_MB / 1000:.1f} GB of memory in all; heartbeat {self.heartbeat:.2g}s and "
+                f"peer timeout {self.peer_timeout:.0f}s are stretched {x:.3g}x so starving agents are not declared "
+                f"gone. For speed, run at most {self.cores} agent(s) here or spread the swarm over hosts "
+                f"(gossiprl broker + gossiprl agent).")
 
 
 class RunError(RuntimeError):
@@ -178,12 +240,27 @@ def agents_per_host_from_environment(explicit: int | None) -> int:
 
     Each agent takes cores / agents-per-host torch threads, so a launcher that starts several
     agents on a host must be counted, or they all take every core and slow each other down."""
+    return local_size_from_environment(explicit) or 1
+
+
+def local_size_from_environment(explicit: int | None) -> int | None:
+    """--agents-per-host, else the launcher's processes per host, else None: nobody said."""
     if explicit is not None:
         return explicit
     for name in LOCAL_SIZE_VARIABLES:
         if os.environ.get(name, "").isdigit() and int(os.environ[name]) > 0:
             return int(os.environ[name])
-    return 1
+    return None
+
+
+def agents_sharing_host(address: str, swarm_size: int) -> int | None:
+    """How many agents to size torch threads for when nobody said: the whole swarm when the
+    broker is reached over loopback (or ipc), else None (unknown: one agent per host).
+
+    A broker on loopback runs on this host, and agents that reach it that way do too: the
+    README's one-host example ran 5x slower (50.8 s vs 9.9 s on 2 cores) with each of its two
+    agents taking every core."""
+    return swarm_size if swarm_size > 1 and keys.is_loopback(address) else None
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
@@ -228,18 +305,26 @@ def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None
             (directory / "agents" / "agent.key_secret", directory / "broker" / "broker.key"))
 
 
-def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, codec, curve, stop, reports):
-    """Body of the process ``agent-<rank>``: train, gossiping through the broker at ``address``."""
+def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, heartbeat, codec, curve, stop_pipe,
+                   report_pipe, private_dir):
+    """Body of the process ``agent-<rank>``: train, gossiping through the broker at ``address``.
+
+    The launcher talks to it over two plain pipes rather than a multiprocessing Event and Queue:
+    those are named POSIX semaphores, which a launcher killed with -9 can never unlink (the
+    resource tracker then cleans them up and warns of leaked semaphores). ``stop_pipe`` turns
+    readable when the launcher says stop, and at EOF when the launcher is gone; an agent left
+    behind that way also removes the launcher's ``private_dir``, which no one else will."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; Ctrl-C reaches it
     from .rl.agent import train
 
-    threading.Thread(target=_stop_when_orphaned, args=(stop,), name="orphan-watch", daemon=True).start()
-
+    stop = threading.Event()
+    threading.Thread(target=_watch_launcher, args=(stop_pipe, stop), name="launcher-watch", daemon=True).start()
+    reports = _Reporter(report_pipe)
     gossip = None
     try:
         if address is not None:
             client = GossipClient(address, rank, n=n, timeout=gossip_timeout, codec=codec,
-                                  heartbeat=LOCAL_HEARTBEAT_S, takeover=resume, curve=curve)
+                                  heartbeat=heartbeat, takeover=resume, curve=curve)
             gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
         summary = train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
                         progress=lambda report: reports.put(("progress", rank, report)))
@@ -250,12 +335,72 @@ def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout,
     finally:
         if gossip is not None:
             gossip.close()
+        if not mp.parent_process().is_alive():
+            shutil.rmtree(private_dir, ignore_errors=True)
 
 
-def _stop_when_orphaned(stop) -> None:
-    """If the launcher dies without a word (kill -9), stop after this update, checkpoint and exit."""
-    mp.parent_process().join()
+def _watch_launcher(stop_pipe, stop: threading.Event) -> None:
+    """Set ``stop`` when the launcher says so, or dies without a word (kill -9: EOF on the pipe):
+    the agent then stops after this update, checkpoints and exits."""
+    mp.connection.wait([stop_pipe, mp.parent_process().sentinel])
     stop.set()
+
+
+class _Reporter:
+    """An agent's end of its report pipe. A launcher that is gone makes a report fail, and that
+    must not cost the agent its final checkpoint: what cannot be reported is dropped."""
+
+    def __init__(self, pipe):
+        self._pipe = pipe
+
+    def put(self, report: tuple) -> None:
+        try:
+            self._pipe.send(report)
+        except OSError:
+            pass
+
+
+class _LauncherStop:
+    """The launcher's stop for its agents: one pipe whose read end every agent holds and none
+    reads, so one byte written makes it readable for all of them."""
+
+    def __init__(self, ctx):
+        self.reader, self._writer = ctx.Pipe(duplex=False)
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._writer.send_bytes(b"stop")
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+class _Reports:
+    """The agents' reports, one pipe per agent: ``get`` returns the next (kind, rank, payload)
+    or raises queue.Empty after ``timeout``. An agent that exited leaves EOF on its pipe, which is
+    dropped (its death is noticed from its process)."""
+
+    def __init__(self):
+        self._readers: list = []
+
+    def add(self, reader) -> None:
+        self._readers.append(reader)
+
+    def get(self, timeout: float) -> tuple:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._readers:
+                time.sleep(max(left, 0))
+                raise queue.Empty
+            for reader in mp.connection.wait(self._readers, left):
+                try:
+                    return reader.recv()
+                except EOFError:
+                    self._readers.remove(reader)
+                    reader.close()
 
 
 def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo=print,
@@ -273,13 +418,16 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     topo = make_topology(swarm) if swarm.topology is not None else None
     agent_cfg = replace(agent_cfg, agents_per_host=swarm.agents,
                         total_frames=max(1, swarm.total_frames // swarm.agents))
+    load = HostLoad(swarm.agents, host_cores())
+    if load.warning():
+        echo(load.warning())
     run_dir = Path(run_dir)
     earlier_wall = _earlier_wall_seconds(run_dir) if resume else 0.0
     prepare_run_dir(run_dir, resume, {"swarm": asdict(swarm), "agent": asdict(agent_cfg),
                                       "topology": topo.to_dict() if topo else None})
     swarm_log = SwarmLog(run_dir, {"swarm": asdict(swarm), "agent": asdict(agent_cfg)}, track)
     ctx = mp.get_context("spawn")
-    stop, reports = ctx.Event(), ctx.Queue()
+    stop, reports = _LauncherStop(ctx), _Reports()
     progress = Progress(swarm.agents)
     procs: dict[int, mp.Process] = {}
     broker = None
@@ -294,7 +442,7 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
         if topo is not None:
             bind, broker_curve, agent_curve = private_endpoint(Path(tmp), swarm.transport)
             broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness,
-                            curve=broker_curve, data_plane=swarm.data_plane).start()
+                            peer_timeout=load.peer_timeout, curve=broker_curve, data_plane=swarm.data_plane).start()
         stats_server = None
         if broker is not None and metrics_port is not None:
             from .monitor import StatsServer
@@ -308,11 +456,15 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
         bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
         try:
             for rank in range(swarm.agents):
+                reader, writer = ctx.Pipe(duplex=False)
+                reports.add(reader)
                 procs[rank] = ctx.Process(
                     target=_agent_process, name=f"agent-{rank}",
                     args=(rank, broker.address if broker else None, swarm.agents, agent_cfg, str(run_dir),
-                          resume, swarm.gossip_timeout, swarm.codec, agent_curve, stop, reports))
+                          resume, load.gossip_timeout(swarm.gossip_timeout), load.heartbeat, swarm.codec,
+                          agent_curve, stop.reader, writer, tmp))
                 procs[rank].start()
+                writer.close()  # the agent holds the only write end: its pipe reads EOF once it is gone
             while len(summaries) + len(failures) < swarm.agents:
                 if swarm.max_seconds is not None and time.perf_counter() - start > swarm.max_seconds \
                         and not stop.is_set():
@@ -458,17 +610,29 @@ def _progress_bar(total_frames: int, enabled: bool):
             bar.close()
             return
         bar.update(progress.total_frames - bar.n)
-        means = progress.agent_means
-        own = f" (agents {min(means):.0f}-{max(means):.0f})" if len(means) > 1 else ""
-        bar.set_postfix_str(f"return {progress.mean_return:.1f}{own}  gossip {100 * progress.gossip_share:.0f}%",
-                            refresh=False)
+        bar.set_postfix_str(_postfix(progress), refresh=False)
 
     return update
 
 
+def _postfix(progress: Progress) -> str:
+    means = progress.agent_means
+    own = f" (agents {min(means):.0f}-{max(means):.0f})" if len(means) > 1 else ""
+    return f"return {format_return(progress.mean_return)}{own}  gossip {100 * progress.gossip_share:.0f}%"
+
+
+NO_EPISODE = "n/a (no episode finished yet)"
+
+
+def format_return(value: float | None) -> str:
+    """A mean return for a person to read: Atari episodes last minutes, and until the first one
+    ends there is no return to show; 'nan' there reads like a diverged run."""
+    return NO_EPISODE if value is None or math.isnan(value) else f"{value:.1f}"
+
+
 def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = False,
               gossip_timeout: float = 60.0, codec: str = "raw", stop=None, connect_timeout: float = 120.0,
-              echo=print, progress_every: float = 10.0, **client_options) -> dict:
+              echo=print, progress_every: float = 10.0, size_from_swarm: bool = False, **client_options) -> dict:
     """One agent of a multi-host swarm (the PALA layout): the broker runs elsewhere.
 
     Agents of a batch job may start before their broker, so registration is retried for
@@ -478,8 +642,11 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
     ``resume`` continues from this rank's checkpoint, or from the neighbours' parameters when
     there is none, and takes the rank over from a registration the broker may still hold for
     this agent's previous, dead process. Every ``progress_every`` seconds (0: never) it prints a
-    progress line, as ``run``'s bar does for a swarm on one host.
+    progress line, as ``run``'s bar does for a swarm on one host. ``size_from_swarm`` (nobody
+    said how many agents share this host) sizes torch threads by ``agents_sharing_host``, and says so.
     """
+    from dataclasses import replace
+
     from .rl.agent import train
 
     deadline = time.monotonic() + connect_timeout
@@ -498,6 +665,12 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
             if time.monotonic() > deadline:
                 raise RunError(f"no broker answered at {address} within {connect_timeout:g}s: {err}") from None
             echo(f"agent-{rank}: waiting for the broker ({err})")
+    sharing = agents_sharing_host(address, client.topology.n) if size_from_swarm else None
+    if sharing is not None and not agent_cfg.torch_threads:
+        agent_cfg = replace(agent_cfg, agents=sharing)
+        cores = os.cpu_count() or 1
+        echo(f"agent-{rank}: the broker is on this host, so its {sharing} agents may share this host's {cores} "
+             f"core(s): {max(1, cores // sharing)} torch thread(s) each; pass --agents-per-host N to size it yourself")
     gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
     try:
         return train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
@@ -522,7 +695,7 @@ def _progress_line(rank: int, echo, every_s: float):
             return
         fps = (r["frames"] - last["frames"]) / (r["wall_s"] - last["wall_s"])
         last.update(r)
-        mean = f"{sum(returns) / len(returns):.1f}" if returns else "n/a (no episode finished yet)"
+        mean = format_return(sum(returns) / len(returns) if returns else None)
         echo(f"agent-{rank}: {r['frames']:,} frames, {fps:,.0f} frames/s, return {mean}, "
              f"gossip {100 * r['gossip_s'] / max(r['wall_s'], 1e-9):.0f}%")
 

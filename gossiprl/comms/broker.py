@@ -131,6 +131,8 @@ class Broker:
         signal (the CLI's SIGTERM, as Slurm sends it), and close() then shut the sockets under it."""
         self._closed = False
         self._agents = {r: Agent(r) for r in range(topology.n)}
+        self._said_bye: set[int] = set()
+        """Ranks whose last word was BYE: they finished (or were stopped) rather than vanished."""
         self._by_identity: dict[bytes, Agent] = {}
         self._schema: tuple | None = None
         """The tensor schema of the registered agents' letters: set by the first PUBLISH, forgotten
@@ -286,6 +288,7 @@ class Broker:
             elif msg.cmd == wire.PING:
                 self._reply(identity, wire.PONG, {"seq": seq})
             else:
+                self._said_bye.add(agent.rank)
                 self._leave(agent, "said BYE", logging.INFO)
         except wire.WireError as err:
             self._count(err.code)
@@ -387,6 +390,7 @@ class Broker:
                                   "this request will never be answered"})
         agent.identity, agent.key, agent.last_seen = identity, key, now
         agent.registrations += 1
+        self._said_bye.discard(rank)
         self._by_identity[identity] = agent
         self._reply(identity, wire.WELCOME, {
             "seq": msg.get("seq"), "rank": rank, "n": self.topology.n, "round": self.locks.ranks[rank].round,
@@ -464,6 +468,14 @@ class Broker:
 
     # ------------------------------------------------------------ introspection
 
+    def swarm_done(self) -> bool:
+        """Whether every rank has registered and then left with BYE: the swarm has finished.
+
+        A rank that vanished without BYE (crashed, killed) may still come back with --resume,
+        so it keeps the swarm unfinished; so does a rank that never came."""
+        said_bye = set(self._said_bye)
+        return all(a.registrations and a.identity is None and a.rank in said_bye for a in list(self._agents.values()))
+
     def stats(self) -> dict:
         """Per-agent counters and lock waits, plus error counts: a snapshot safe to call from any thread."""
         agents = {}
@@ -474,11 +486,33 @@ class Broker:
                 "publish_wait_s": round(r.publish_wait_s, 6), "collect_wait_s": round(r.collect_wait_s, 6),
                 "waited_on": {j: round(s, 6) for j, s in dict(r.waited_on).items()},
                 "registrations": a.registrations, "gone": a.rank in self.locks.gone_ranks,
+                "said_bye": a.rank in self._said_bye,
                 "parked": [k for k in ("publish", "collect") if getattr(r, k) is not None],
             }
         return {"mode": self.mode, "address": self.address, "n": self.topology.n, "instance": self.instance,
                 "uptime_s": round(time.time() - self.started, 3), "errors": dict(self.errors),
                 "events": {**self.events, **self.locks.events}, "agents": agents}
+
+
+def stats_line(stats: dict) -> str:
+    """``stats()`` as one short line for a person watching a terminal (the JSON runs to a kilobyte)."""
+    agents = stats["agents"].values()
+    registered = sum(a["registered"] for a in agents)
+    left = sum(a["said_bye"] for a in agents)
+    gone = sum(a["gone"] and not a["said_bye"] for a in agents)
+    rounds = [a["round"] for a in agents if a["registrations"]]
+    letters = sum(a["publishes"] for a in agents)
+    moved = sum(a["bytes_in"] + a["bytes_out"] for a in agents)
+    errors = sum(stats["errors"].values())
+    return (f"broker: {registered}/{stats['n']} agents registered, {left} left (BYE), {gone} gone; "
+            f"rounds {f'{min(rounds)}-{max(rounds)}' if rounds else 'none yet'}; {letters:,} letters, "
+            f"{_megabytes(moved)} through the broker; {errors} error(s)"
+            + (f" ({', '.join(f'{k} {v}' for k, v in sorted(stats['errors'].items()))})" if errors else "")
+            + f"; up {stats['uptime_s']:.0f}s")
+
+
+def _megabytes(nbytes: int) -> str:
+    return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:,.1f} MB"
 
 
 def _ranges(ranks) -> str:

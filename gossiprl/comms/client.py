@@ -61,6 +61,7 @@ class GossipClient:
                  timeout: float | None = None, heartbeat: float = 1.0, liveness: int = 3,
                  codec: str = "raw", check_finite: bool = True, takeover: bool = False,
                  context: zmq.Context | None = None, curve=None):
+        keys.check_endpoint(address)
         if codec not in wire.CODECS:
             raise ValueError(f"unknown codec {codec!r}; valid: {', '.join(wire.CODECS)}")
         if heartbeat <= 0 or liveness < 1:

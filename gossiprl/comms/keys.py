@@ -159,6 +159,31 @@ def _check_z85(path, key: bytes) -> None:
 
 # ------------------------------------------------------------------ binding rule
 
+ENDPOINT_TRANSPORTS = ("tcp", "ipc", "inproc")
+"""The transports a broker binds and an agent connects over (inproc only within one process)."""
+
+
+def check_endpoint(endpoint: str) -> str:
+    """Return ``endpoint`` if ZeroMQ can bind or connect it, else raise ValueError saying what is valid.
+
+    ZeroMQ's own error for a malformed endpoint is a bare "Invalid argument", and the loopback
+    rule below would otherwise answer a bare port (``5559``) with "not a loopback address",
+    which sends the user after keys instead of after the typo.
+    """
+    transport, sep, rest = endpoint.partition("://")
+    port = rest.rpartition(":")[2] if transport == "tcp" else ""
+    valid = sep and transport in ENDPOINT_TRANSPORTS and rest and (
+        transport != "tcp" or (":" in rest and rest.rpartition(":")[0] and
+                               (port == "*" or (port.isdigit() and int(port) <= 65535))))
+    if not valid:
+        bare = endpoint.rpartition("://")[2]
+        host, _, port = bare.rpartition(":") if ":" in bare else ("127.0.0.1", "", bare)
+        port = port if port.isdigit() and int(port) <= 65535 else "5555"
+        raise ValueError(f"{endpoint or repr(endpoint)} is not a ZeroMQ endpoint: give tcp://HOST:PORT or "
+                         f"ipc://PATH, e.g. tcp://{host or '127.0.0.1'}:{port}")
+    return endpoint
+
+
 def is_loopback(endpoint: str) -> bool:
     """Whether only this host can reach ``endpoint``: tcp on 127.0.0.0/8, ::1 or localhost, ipc, inproc.
 
@@ -188,6 +213,7 @@ def is_loopback(endpoint: str) -> bool:
 
 def check_bind(endpoint: str, curve: bool, insecure: bool) -> None:
     """Refuse an unauthenticated bind that other hosts could reach, unless ``insecure`` says so."""
+    check_endpoint(endpoint)
     if curve or is_loopback(endpoint):
         return
     if not insecure:

@@ -290,7 +290,7 @@ def test_killed_agent_restarts_with_resume_and_rejoins(tmp_path):
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     broker = subprocess.Popen([sys.executable, "-m", "gossiprl.cli", "broker", "--bind", address, "--agents", "3",
-                               "--peer-timeout", "2", "--stats-every", "1"],
+                               "--peer-timeout", "2", "--stats-every", "1", "--stats-json"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def agent(rank, resume=False):

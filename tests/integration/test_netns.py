@@ -48,7 +48,7 @@ def test_cartpole_swarm_across_three_hosts_survives_a_killed_agent(hosts, tmp_pa
     allowed.mkdir()
     shutil.copy(keys / "agent.key", allowed / "agent.key")
     broker = _in(hosts["broker"], "broker", "--bind", f"tcp://0.0.0.0:{PORT}", "--agents", "3",
-                 "--peer-timeout", "3", "--stats-every", "1",
+                 "--peer-timeout", "3", "--stats-every", "1", "--stats-json",
                  "--curve-secret", str(keys / "broker.key_secret"), "--curve-allow", str(allowed))
     host_of = {0: "a", 1: "a", 2: "b"}
 

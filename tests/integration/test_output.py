@@ -1,0 +1,259 @@
+"""What a new user meets: errors that say what is valid, exit codes, cleanup, and lines without nan."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import topologies
+from gossiprl.cli import main
+from gossiprl.comms import keys
+from gossiprl.comms.broker import Broker
+from gossiprl.comms.client import GossipClient
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_that_finished_no_episode_prints_no_nan(tmp_path):
+    """One update of 16 CartPole envs x 5 steps ends no episode (the shortest takes 8 steps)."""
+    result = invoke("run", "--agents", 1, "--total-frames", 80, "--run-dir", tmp_path / "run", "--progress")
+    assert result.exit_code == 0, result.output
+    assert "mean return n/a (no episode finished yet)" in result.output
+    assert not re.search(r"\bnan\b", result.output, re.IGNORECASE), result.output
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_that_finished_no_episode_prints_no_nan(tmp_path):
+    with Broker(topologies.make("ring", 2), mode="async").start() as broker:
+        result = invoke("agent", "--connect", broker.address, "--rank", 0, "--total-frames", 80,
+                        "--run-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "stops at mean return 475 (its own last 100 episodes)" in result.output  # auto: CartPole's threshold
+    assert "agent-0 done: 80 frames" in result.output and "mean return n/a" in result.output
+    assert not re.search(r"\bnan\b", result.output, re.IGNORECASE), result.output
+    assert json.loads(result.output.strip().splitlines()[-1])["mean_return"] is None
+    # nobody said how many agents share this host, and the broker is on loopback: its whole swarm may
+    assert "the broker is on this host, so its 2 agents may share this host's" in result.output
+    assert json.loads((tmp_path / "agent-0" / "config.json").read_text())["agents"] == 2
+
+
+@pytest.mark.parametrize("endpoint, example", [
+    ("5559", "tcp://127.0.0.1:5559"), ("localhost:5559", "tcp://localhost:5559"),
+    ("tcp://127.0.0.1", "tcp://127.0.0.1:5555"), ("tcp://127.0.0.1:70000", "tcp://127.0.0.1:5555"),
+    ("udp://10.0.0.1:5555", "tcp://10.0.0.1:5555"), ("ipc://", "tcp://127.0.0.1:5555"),
+])
+def test_a_malformed_endpoint_is_named_with_what_is_valid(endpoint, example):
+    with pytest.raises(ValueError) as err:
+        keys.check_endpoint(endpoint)
+    assert str(err.value) == (f"{endpoint} is not a ZeroMQ endpoint: give tcp://HOST:PORT or ipc://PATH, "
+                              f"e.g. {example}")
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5555", "tcp://*:0", "tcp://[::1]:5555", "tcp://eth0:*",
+                                      "ipc:///tmp/broker", "inproc://broker"])
+def test_valid_endpoints_pass(endpoint):
+    assert keys.check_endpoint(endpoint) == endpoint
+
+
+def test_broker_bind_that_is_no_endpoint_is_not_called_a_non_loopback_address():
+    result = invoke("broker", "--bind", "5559", "--agents", 2)
+    assert result.exit_code == 2
+    assert "5559 is not a ZeroMQ endpoint: give tcp://HOST:PORT or ipc://PATH, e.g. tcp://127.0.0.1:5559" \
+        in result.output
+    assert "loopback" not in result.output
+    with pytest.raises(ValueError, match="not a ZeroMQ endpoint"):
+        Broker(topologies.make("ring", 2), bind="5559")
+
+
+def test_agent_connect_that_is_no_endpoint_gets_one_line():
+    result = invoke("agent", "--connect", "5559", "--rank", 0)
+    assert result.exit_code == 2
+    assert "5559 is not a ZeroMQ endpoint" in result.output and "Traceback" not in result.output
+    with pytest.raises(ValueError, match="not a ZeroMQ endpoint"):
+        GossipClient("5559", 0)
+
+
+def test_progress_line_before_the_first_episode_says_so_not_nan(capsys):
+    from gossiprl.launch import Progress, _postfix, _progress_bar
+
+    progress = Progress(agents=2)
+    progress.add(0, {"frames": 320, "gossip_s": 0.1, "wall_s": 1.0, "returns": []})
+    assert _postfix(progress).startswith("return n/a (no episode finished yet)")
+    bar = _progress_bar(1000, True)
+    bar(progress)
+    bar(None)
+    shown = capsys.readouterr().err
+    assert "n/a (no episode finished yet)" in shown and "nan" not in shown
+    progress.add(1, {"frames": 320, "gossip_s": 0.1, "wall_s": 1.0, "returns": [12.0, 14.0]})
+    assert _postfix(progress).startswith("return 13.0 ")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_agent_checkpoints_and_exits_128_plus_the_signal(tmp_path, sig):
+    """Ctrl-C used to end `gossiprl agent` with 0, as if it had finished its budget."""
+    with Broker(topologies.make("ring", 2), mode="async").start() as broker:  # async: rank 1 is not waited for
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "gossiprl.cli", "agent", "--connect", broker.address, "--rank", "0",
+             "--total-frames", "100000000", "--stop-at-return", "none", "--run-dir", str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "agent-0" / "metrics.csv").exists():
+            assert time.monotonic() < deadline and agent.poll() is None, "the agent never started training"
+            time.sleep(0.2)
+        agent.send_signal(sig)
+        output, _ = agent.communicate(timeout=60)
+    assert agent.returncode == 128 + sig, output
+    assert "agent-0 done:" in output
+    assert (tmp_path / "agent-0" / "checkpoint.pt").stat().st_size > 0
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_stops_once_its_own_last_100_episodes_reach_stop_at_return(tmp_path):
+    """Any CartPole episode returns 8 or more, so a target of 5 is met once 100 episodes ended."""
+    with Broker(topologies.make("ring", 2), mode="async").start() as broker:
+        result = invoke("agent", "--connect", broker.address, "--rank", 0, "--total-frames", 10_000_000,
+                        "--stop-at-return", 5, "--agents-per-host", 1, "--run-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "may share this host" not in result.output  # told, so not guessed
+    assert json.loads((tmp_path / "agent-0" / "config.json").read_text())["agents"] == 1
+    assert "stops at mean return 5 (its own last 100 episodes)" in result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["episodes"] >= 100 and summary["mean_return"] >= 5 and summary["frames"] < 100_000
+
+
+def test_agent_stop_at_return_refuses_words():
+    result = invoke("agent", "--connect", "tcp://127.0.0.1:9", "--rank", 0, "--stop-at-return", "soon")
+    assert result.exit_code == 2 and "'soon': give a number, 'auto' or 'none'" in result.output
+
+
+@pytest.mark.timeout(30)
+def test_swarm_done_once_every_rank_registered_and_said_bye():
+    with Broker(topologies.make("ring", 3), peer_timeout=30).start() as broker:
+        clients = [GossipClient(broker.address, r) for r in (0, 1)]
+        clients[0].close()
+        clients[1].close()
+        time.sleep(0.3)
+        assert not broker.swarm_done()  # rank 2 never came
+        last = GossipClient(broker.address, 2)
+        assert not broker.swarm_done()
+        last.close()
+        deadline = time.monotonic() + 5
+        while not broker.swarm_done():
+            assert time.monotonic() < deadline, broker.stats()
+            time.sleep(0.05)
+        again = GossipClient(broker.address, 0, takeover=True)  # a rank back with --resume: not done any more
+        assert not broker.swarm_done()
+        again.close()
+
+
+@pytest.mark.timeout(60)
+def test_broker_prints_a_short_stats_line_and_exits_when_its_swarm_is_done():
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", "broker", "--bind", "tcp://127.0.0.1:0", "--agents", "2",
+         "--stats-every", "0.5", "--exit-when-done"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        address = broker.stdout.readline().split()[3].rstrip(":")
+        clients = [GossipClient(address, r, timeout=10) for r in (0, 1)]
+        clients[1].publish({"w": np.zeros(4, np.float32)})
+        clients[0].publish({"w": np.ones(4, np.float32)})
+        clients[0].collect()
+        time.sleep(1.2)
+        for c in clients:
+            c.close()
+        output, _ = broker.communicate(timeout=10)
+    finally:
+        if broker.poll() is None:
+            broker.kill()
+    assert broker.returncode == 0, output
+    stats = [line for line in output.splitlines() if line.startswith("broker: ")]
+    assert stats and not any(line.startswith("{") for line in output.splitlines()), output
+    assert "2/2 agents registered, 0 left (BYE), 0 gone" in output, output
+    assert "2 letters" in output and all(len(line) < 160 for line in stats), stats
+    assert "all 2 agents registered and left with BYE" in output
+
+
+def _children(pid):
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _alive(pid):
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_a_killed_launcher_leaves_no_private_dir_and_no_leaked_semaphore(tmp_path, transport):
+    """kill -9 on `gossiprl run` used to leave its /tmp/gossiprl-* directory (socket, throwaway
+    keys) and the named semaphores of its multiprocessing Event and Queue behind."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--total-frames", "100000000",
+         "--transport", transport, "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TMPDIR": str(tmpdir)})
+    deadline = time.monotonic() + 90
+    while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline and launcher.poll() is None, "agents never started training"
+        time.sleep(0.2)
+    assert [p.name for p in tmpdir.iterdir() if p.name.startswith("gossiprl-")], "the launcher made no private dir"
+    children = _children(launcher.pid)
+    launcher.kill()
+    stderr = launcher.communicate(timeout=60)[1]  # EOF once every process holding the launcher's stderr is gone
+    deadline = time.monotonic() + 30
+    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in children if _alive(pid)], "processes outlived a killed launcher"
+    assert not [p.name for p in tmpdir.iterdir() if p.name.startswith("gossiprl-")]
+    assert "leaked semaphore" not in stderr and "leaked" not in stderr, stderr
+    for rank in (0, 1):
+        assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
+
+
+def test_host_load_stretches_heartbeat_and_timeouts_with_oversubscription():
+    from gossiprl.launch import LOCAL_HEARTBEAT_S, MAX_HEARTBEAT_S, PEER_TIMEOUT_S, HostLoad
+
+    fits = HostLoad(agents=2, cores=2)
+    assert fits.warning() is None
+    assert (fits.heartbeat, fits.peer_timeout, fits.gossip_timeout(60)) == (LOCAL_HEARTBEAT_S, PEER_TIMEOUT_S, 60)
+    crowded = HostLoad(agents=24, cores=2)
+    assert crowded.oversubscription == 12
+    assert crowded.heartbeat == 12 * LOCAL_HEARTBEAT_S and crowded.peer_timeout == 12 * PEER_TIMEOUT_S
+    assert crowded.gossip_timeout(60) == 720
+    assert HostLoad(agents=100, cores=2).heartbeat == MAX_HEARTBEAT_S  # a dead broker is still noticed in 30 s
+    said = crowded.warning()
+    assert said.startswith("warning: 24 agents on 2 core(s)") and "~12x slower" in said
+    assert "run at most 2 agent(s) here" in said
+
+
+@pytest.mark.timeout(150)
+def test_run_with_more_agents_than_cores_warns_and_gives_its_broker_the_stretched_timeout(tmp_path, monkeypatch):
+    from gossiprl import launch
+
+    monkeypatch.setattr(launch, "host_cores", lambda: 1)
+    timeouts = []
+    real_broker = launch.Broker
+
+    def broker(*args, **kwargs):
+        timeouts.append(kwargs["peer_timeout"])
+        return real_broker(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "Broker", broker)
+    result = invoke("run", "--agents", 2, "--total-frames", 160, "--run-dir", tmp_path / "run", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "warning: 2 agents on 1 core(s)" in result.output and "peer timeout 120s" in result.output
+    assert timeouts == [120.0]
