@@ -667,7 +667,7 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
             echo(f"agent-{rank}: waiting for the broker ({err})")
     sharing = agents_sharing_host(address, client.topology.n) if size_from_swarm else None
     if sharing is not None and not agent_cfg.torch_threads:
-        agent_cfg = replace(agent_cfg, agents=sharing)
+        agent_cfg = replace(agent_cfg, agents_per_host=sharing)
         cores = os.cpu_count() or 1
         echo(f"agent-{rank}: the broker is on this host, so its {sharing} agents may share this host's {cores} "
              f"core(s): {max(1, cores // sharing)} torch thread(s) each; pass --agents-per-host N to size it yourself")

@@ -44,7 +44,7 @@ def test_an_agent_that_finished_no_episode_prints_no_nan(tmp_path):
     assert json.loads(result.output.strip().splitlines()[-1])["mean_return"] is None
     # nobody said how many agents share this host, and the broker is on loopback: its whole swarm may
     assert "the broker is on this host, so its 2 agents may share this host's" in result.output
-    assert json.loads((tmp_path / "agent-0" / "config.json").read_text())["agents"] == 2
+    assert json.loads((tmp_path / "agent-0" / "config.json").read_text())["agents_per_host"] == 2
 
 
 @pytest.mark.parametrize("endpoint, example", [
@@ -126,7 +126,7 @@ def test_an_agent_stops_once_its_own_last_100_episodes_reach_stop_at_return(tmp_
                         "--stop-at-return", 5, "--agents-per-host", 1, "--run-dir", tmp_path)
     assert result.exit_code == 0, result.output
     assert "may share this host" not in result.output  # told, so not guessed
-    assert json.loads((tmp_path / "agent-0" / "config.json").read_text())["agents"] == 1
+    assert json.loads((tmp_path / "agent-0" / "config.json").read_text())["agents_per_host"] == 1
     assert "stops at mean return 5 (its own last 100 episodes)" in result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
     assert summary["episodes"] >= 100 and summary["mean_return"] >= 5 and summary["frames"] < 100_000
