@@ -8,29 +8,9 @@ import pytest
 import zmq
 
 import topologies
+from brokers import gossip_rows
 from gossiprl import Broker, GossipClient, GossipError, GossipTimeout, mix, wire
-
-
-@pytest.fixture
-def ring2():
-    with Broker(topologies.make("ring", 2)).start() as broker:
-        yield broker
-
-
-def in_thread(fn, *args):
-    """Run fn in a thread; returns (thread, box) where box gets 'result', 'error' and 'done_at'."""
-    box = {}
-
-    def target():
-        try:
-            box["result"] = fn(*args)
-        except Exception as exc:  # handed to the test thread
-            box["error"] = exc
-        box["done_at"] = time.monotonic()
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    return t, box
+from helpers import in_thread
 
 
 def test_writer_waits_until_reader_consumed_previous_letter(ring2):
@@ -79,29 +59,6 @@ def test_collect_times_out_while_broker_is_alive(ring2):
     a.close()
 
 
-def run_swarm(broker, x0, rounds, **client_kw):
-    """Every rank publishes/collects/mixes its row of x0 `rounds` times, one thread per agent."""
-    x = x0.copy()
-    errors = []
-
-    def agent(rank):
-        try:
-            with GossipClient(broker.address, rank, **client_kw) as c:
-                for _ in range(rounds):
-                    letters = c.exchange({"x": x[rank]})
-                    mix({"x": x[rank]}, letters, c.last_weights, rank)
-        except Exception as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=agent, args=(r,)) for r in range(len(x0))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return x
-
-
 @pytest.mark.parametrize("name,n,options", [("ring", 6, {}), ("sparse", 8, {}), ("full", 4, {}),
                                             ("sparse", 8, {"time_varying": True})])
 def test_sync_gossip_is_exactly_the_matrix_iteration_and_reaches_consensus(name, n, options):
@@ -112,7 +69,7 @@ def test_sync_gossip_is_exactly_the_matrix_iteration_and_reaches_consensus(name,
     x0 = rng.standard_normal((n, 64))
     rounds = 30
     with Broker(topo).start() as broker:
-        x = run_swarm(broker, x0, rounds)
+        x = gossip_rows(broker, x0, rounds)
     expected = x0.copy()
     for t in range(rounds):
         expected = topo.at(t).matrix @ expected
@@ -221,7 +178,7 @@ def test_broker_survives_garbage_while_agents_gossip():
         t.start()
         x0 = rng.standard_normal((3, 16))
         try:
-            x = run_swarm(broker, x0, 40)
+            x = gossip_rows(broker, x0, 40)
         finally:
             stop.set()
             t.join()

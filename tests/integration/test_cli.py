@@ -11,13 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
-from gossiprl.cli import main
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+from helpers import invoke, wait_for
 
 
 def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
@@ -118,20 +113,17 @@ def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
         [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--total-frames", "100000000",
          "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)):
-        assert time.monotonic() < deadline and launcher.poll() is None, "agents never started training"
-        time.sleep(0.2)
+    wait_for(lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)), 60,
+             "agents never started training", process=launcher)
     children = _children(launcher.pid)
     assert len(children) >= 2
     launcher.send_signal(sig)
     output, _ = launcher.communicate(timeout=90)
     assert launcher.returncode == 128 + sig, output  # 130 for Ctrl-C, 143 for SIGTERM
     assert "interrupted" in output
-    grace = time.monotonic() + 5  # multiprocessing's resource tracker leaves just after its parent
-    while [pid for pid in children if _alive(pid)] and time.monotonic() < grace:
-        time.sleep(0.1)
-    assert not [pid for pid in children if _alive(pid)], "agent processes outlived the launcher"
+    # multiprocessing's resource tracker leaves just after its parent
+    wait_for(lambda: not [pid for pid in children if _alive(pid)], 5, "agent processes outlived the launcher",
+             every=0.1)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "interrupted" and summary["frames"] > 0
     for rank in (0, 1):
@@ -157,17 +149,12 @@ def test_agents_stop_by_themselves_when_the_launcher_is_killed(tmp_path):
         [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--total-frames", "100000000",
          "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)):
-        assert time.monotonic() < deadline and launcher.poll() is None, "agents never started training"
-        time.sleep(0.2)
+    wait_for(lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)), 60,
+             "agents never started training", process=launcher)
     children = _children(launcher.pid)
     launcher.kill()
     launcher.wait()
-    deadline = time.monotonic() + 30
-    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [pid for pid in children if _alive(pid)], "agent processes outlived a killed launcher"
+    wait_for(lambda: not [pid for pid in children if _alive(pid)], 30, "agent processes outlived a killed launcher")
     for rank in (0, 1):
         assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
 

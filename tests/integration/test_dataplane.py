@@ -16,13 +16,12 @@ import time
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import topologies
 from gossiprl import Broker, GossipClient, keys, mix, wire
-from gossiprl.cli import main
 from gossiprl.comms.dataplane import Segment, ShmReader
 from gossiprl.comms.wire import TensorSpec
+from helpers import invoke, wait_for
 
 PLANES = ["broker", "shm", "direct", "auto"]
 FAST = {"heartbeat": 0.1, "liveness": 10}
@@ -299,9 +298,8 @@ def test_a_reference_only_letter_moves_no_bytes_through_the_broker():
 def test_cartpole_run_over_a_data_plane(tmp_path, plane):
     assert _segments_left() == []
     run_dir = tmp_path / "run"
-    result = CliRunner().invoke(main, ["run", "--agents", "2", "--topology", "ring", "--data-plane", plane,
-                                       "--total-frames", "8000", "--log-every", "20", "--run-dir", str(run_dir),
-                                       "--no-progress", "--stop-at-return", "none"])
+    result = invoke("run", "--agents", 2, "--topology", "ring", "--data-plane", plane, "--total-frames", 8000,
+                    "--log-every", 20, "--run-dir", run_dir, "--no-progress", "--stop-at-return", "none")
     assert result.exit_code == 0, result.output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["frames"] >= 8000 and not summary["failed"]
@@ -327,8 +325,7 @@ def test_bench_scale_quick(tmp_path):
     if bench_scale.unavailable():
         pytest.skip(bench_scale.unavailable())
     plot = tmp_path / "scale.png"
-    result = CliRunner().invoke(main, ["bench", "scale", "--quick", "--plot", str(plot),
-                                       "--json", str(tmp_path / "scale.json")])
+    result = invoke("bench", "scale", "--quick", "--plot", plot, "--json", tmp_path / "scale.json")
     assert result.exit_code == 0, result.output
     table = json.loads((tmp_path / "scale.json").read_text())["table"]
     assert [row["hosts"] for row in table] == [2, 4]
@@ -415,10 +412,8 @@ def test_kill_9_of_the_launcher_and_its_agents_leaves_no_segment(tmp_path):
          "--total-frames", "100000000", "--log-every", "5", "--run-dir", str(run_dir), "--no-progress",
          "--stop-at-return", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 90
-        while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in range(2)):
-            assert time.monotonic() < deadline and launcher.poll() is None, "the swarm never started"
-            time.sleep(0.2)
+        wait_for(lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in range(2)), 90,
+                 "the swarm never started", process=launcher)
         assert _segments_left(), "the swarm runs without any segment: this test would prove nothing"
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
@@ -432,7 +427,7 @@ def test_kill_9_of_the_launcher_and_its_agents_leaves_no_segment(tmp_path):
 def test_unknown_data_plane_is_refused_with_the_valid_ones():
     with pytest.raises(ValueError, match="broker, shm, direct, auto"):
         Broker(topologies.make("ring", 2), data_plane="rdma")
-    result = CliRunner().invoke(main, ["broker", "--agents", "2", "--data-plane", "rdma"])
+    result = invoke("broker", "--agents", 2, "--data-plane", "rdma")
     assert result.exit_code == 2 and "'broker', 'shm', 'direct', 'auto'" in result.output
 
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import topologies
 from gossiprl import Broker, BrokerUnavailable, Gossip, GossipClient, mix
+from helpers import free_port, wait_for
 
 FAST = {"heartbeat": 0.1, "liveness": 10}  # broker declared gone after 1 s: survives a loaded CI machine
 QUICK = {"heartbeat": 0.1, "liveness": 3}  # 0.3 s, for tests about how fast a dead broker is noticed
@@ -247,13 +248,6 @@ def test_mix_weights_are_renormalised_over_the_letters_used():
 
 # ------------------------------------------------------------------ processes: kill -9 and restart
 
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("fail_fast", [False, True])
 def test_launcher_carries_on_when_an_agent_is_killed(tmp_path, fail_fast):
@@ -263,8 +257,8 @@ def test_launcher_carries_on_when_an_agent_is_killed(tmp_path, fail_fast):
          "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none", "--log-every", "20",
          *(["--fail-fast"] if fail_fast else [])],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _wait_for(lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in range(3)), 60,
-              "agents never started")
+    wait_for(lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in range(3)), 60,
+             "agents never started")
     agent_pids = subprocess.run(["pgrep", "-P", str(launcher.pid), "-f", "spawn_main"],
                                 capture_output=True, text=True).stdout.split()
     assert len(agent_pids) == 3
@@ -287,7 +281,7 @@ def test_launcher_carries_on_when_an_agent_is_killed(tmp_path, fail_fast):
 def test_killed_agent_restarts_with_resume_and_rejoins(tmp_path):
     """The multi-host layout on one machine: a broker and three `gossiprl agent` processes.
     Agent 1 is killed -9 mid-run and restarted with --resume; everyone finishes."""
-    port = _free_port()
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     broker = subprocess.Popen([sys.executable, "-m", "gossiprl.cli", "broker", "--bind", address, "--agents", "3",
                                "--peer-timeout", "2", "--stats-every", "1", "--stats-json"],
@@ -303,7 +297,7 @@ def test_killed_agent_restarts_with_resume_and_rejoins(tmp_path):
     try:
         agents = {r: agent(r) for r in range(3)}
         ckpt = tmp_path / "run" / "agent-1" / "checkpoint.pt"
-        _wait_for(ckpt.exists, 90, "agent 1 never checkpointed")
+        wait_for(ckpt.exists, 90, "agent 1 never checkpointed")
         agents[1].send_signal(signal.SIGKILL)
         agents[1].wait()
         restarted = agent(1, resume=True)
@@ -317,11 +311,3 @@ def test_killed_agent_restarts_with_resume_and_rejoins(tmp_path):
         broker_out = broker.communicate(timeout=30)[0]
     last_stats = json.loads([line for line in broker_out.splitlines() if line.startswith("{")][-1])
     assert last_stats["agents"]["1"]["registrations"] >= 2, broker_out[-2000:]
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

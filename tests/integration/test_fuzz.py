@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from zmq.utils.monitor import recv_monitor_message
 
 import topologies
+from brokers import (MIB, ask, assert_error, assert_pair_gossips, close_broker, dealer, gossip_rounds, head,
+                     leave, letter, new_broker, publish_frames, register)
 from gossiprl import Broker, GossipClient, mix, wire
 from gossiprl.comms.broker import MAX_HELLO_BYTES
 
-CTX = zmq.Context.instance()
-MIB = 1 << 20
 # Codes a broker answers with (PROTOCOL.md section 4), the keys of stats()["errors"]. What is no
 # one's error ("undeliverable", "expired", "letters-dropped-by-rewiring", ...) is in stats()["events"].
 REPLY_CODES = {"bad-message", "bad-dtype", "too-large", "version", "unknown-command", "not-registered",
@@ -33,26 +33,6 @@ REPLY_CODES = {"bad-message", "bad-dtype", "too-large", "version", "unknown-comm
 
 
 # ---------------------------------------------------------------- helpers
-
-def dealer(broker, **options):
-    sock = CTX.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    for option, value in options.items():
-        sock.setsockopt(getattr(zmq, option), value)
-    sock.connect(broker.address)
-    return sock
-
-
-def head(cmd, **fields):
-    return msgpack.packb({"v": 1, "cmd": cmd, **fields}, use_bin_type=True)
-
-
-def ask(sock, frames, timeout=3.0):
-    """Send one message, return the decoded reply."""
-    sock.send_multipart(frames)
-    assert sock.poll(int(timeout * 1000)), f"no reply to {frames[0][:80]!r}"
-    return wire.decode(sock.recv_multipart())
-
 
 def readable_seq(frames):
     """The seq a refusal must echo (PROTOCOL.md section 4): the request's seq when its header
@@ -65,114 +45,11 @@ def readable_seq(frames):
     return seq if type(seq) is int and 0 <= seq <= wire.MAX_UINT else None
 
 
-def assert_error(reply, code, seq=None, words=()):
-    assert reply.cmd == wire.ERROR, reply.header
-    assert reply["code"] == code, reply.header
-    reason = reply["reason"]
-    assert isinstance(reason, str) and reason.strip(), reply.header
-    assert "\n" not in reason and "\r" not in reason, f"reason is not one line: {reason!r}"
-    assert reply.get("seq") == seq, reply.header
-    for w in words:
-        assert w in reason, reason
-
-
-def letter(rank, rnd, x):
-    """What agents publish: a tag naming sender and round, and the parameters being mixed."""
-    return {"tag": np.array([rank, rnd], np.float32), "x": x}
-
-
-def publish_frames(tensors, seq, rnd):
-    schema, buffers = wire.pack_tensors(tensors)
-    return [head("PUBLISH", seq=seq, round=rnd, tensors=schema), *[bytes(memoryview(b)) for b in buffers]]
-
-
-def gossip_rounds(clients, rounds, x_len=4):
-    """Each client exchanges `rounds` times in its own thread; returns the problems seen.
-
-    Every round each client must receive exactly its in-peers' letters of that same round
-    (the tag says who sent it and for which round), then mixes them in."""
-    problems = []
-
-    def run(c):
-        x = np.full(x_len, float(c.rank), np.float32)
-        try:
-            for _ in range(rounds):
-                r = c.round
-                got = c.exchange(letter(c.rank, r, x))
-                if set(got) != set(c.in_peers) or c.last_rounds != {p: r for p in c.in_peers}:
-                    problems.append(f"rank {c.rank} round {r}: got {c.last_rounds}, in-peers {c.in_peers}")
-                for p, m in got.items():
-                    if m["tag"].tolist() != [p, r]:
-                        problems.append(f"rank {c.rank} round {r}: letter from {p} tagged {m['tag'].tolist()}")
-                mix({"x": x}, {p: {"x": m["x"]} for p, m in got.items()}, c.last_weights, c.rank)
-        except Exception as exc:  # handed to the test thread
-            problems.append(f"rank {c.rank}: {exc!r}")
-
-    threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in clients]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(15)
-    problems += [f"rank {c.rank} still running" for c, t in zip(clients, threads) if t.is_alive()]
-    return problems
-
-
-def assert_pair_gossips(broker, rounds=3):
-    """A real GossipClient pair (ranks 0 and 1) still registers and completes exchanges."""
-    clients = [GossipClient(broker.address, r, timeout=10) for r in (0, 1)]
-    try:
-        assert gossip_rounds(clients, rounds) == []
-    finally:
-        for c in clients:
-            c.close()
-    assert broker._thread.is_alive()
-
-
-_CLOSED_BROKERS = []
-
-
-def new_broker(topology, **kwargs):
-    """A started Broker on tcp://127.0.0.1:0.
-
-    Brokers are kept referenced for the whole module: Broker names its inproc endpoints after id(self),
-    and a new Broker that reuses the id of one just closed and freed fails to bind (see
-    test_a_new_broker_right_after_closing_one_constructs); that bug must not make the other tests flaky."""
-    broker = Broker(topology, **kwargs).start()
-    _CLOSED_BROKERS.append(broker)
-    return broker
-
-
-def close_broker(broker, timeout=5.0):
-    """Broker.close() joins the serving thread; never let a stuck broker hang the test run."""
-    t = threading.Thread(target=broker.close, daemon=True)
-    t.start()
-    t.join(timeout)
-    return not t.is_alive()
-
-
-@pytest.fixture
-def ring2():
-    broker = new_broker(topologies.make("ring", 2))
-    yield broker
-    assert close_broker(broker), "broker.close() hung"
-
-
 @pytest.fixture
 def raw(ring2):
     sock = dealer(ring2)
     yield sock
     sock.close(linger=0)
-
-
-def register(sock, rank=0):
-    """Bind a raw socket to a rank: the broker reads a PUBLISH's tensor schema only from a registered sender."""
-    assert ask(sock, [head("HELLO", seq=0, rank=rank)]).cmd == wire.WELCOME
-
-
-def leave(sock):
-    """BYE, then a PING answered not-registered: the rank is free again once that reply is back."""
-    sock.send_multipart([head("BYE", seq=0)])
-    assert_error(ask(sock, [head("PING", seq=0)]), "not-registered", seq=0)
 
 
 # ---------------------------------------------------------------- one test per class of bad input

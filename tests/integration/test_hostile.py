@@ -11,14 +11,13 @@ import time
 import numpy as np
 import pytest
 import zmq
-from click.testing import CliRunner
-from test_fuzz import (MIB, assert_error, assert_pair_gossips, ask, close_broker, dealer, head, leave, letter,
-                       new_broker, publish_frames, register, ring2)  # noqa: F401 - ring2 is a fixture
 
 import gossiprl.comms.broker as broker_module
 import topologies
+from brokers import (MIB, ask, assert_error, assert_pair_gossips, close_broker, dealer, head, leave, letter,
+                     new_broker, publish_frames, register)
 from gossiprl import Broker, BrokerUnavailable, GossipClient, GossipError, keys, wire
-from gossiprl.cli import main
+from helpers import free_port, in_thread, invoke
 
 RING2 = topologies.make("ring", 2)
 
@@ -64,11 +63,10 @@ def test_a_dead_serving_thread_is_recorded_and_the_broker_command_exits_non_zero
     broker.close()
 
     monkeypatch.setattr(broker_module, "Broker", _DyingBroker)
-    port = _free_port()
+    port = free_port()
     poke = threading.Thread(target=_poke, args=(f"tcp://127.0.0.1:{port}",), daemon=True)
     poke.start()
-    result = CliRunner().invoke(main, ["broker", "--bind", f"tcp://127.0.0.1:{port}", "-n", "2",
-                                       "--stats-every", "0"])
+    result = invoke("broker", "--bind", f"tcp://127.0.0.1:{port}", "-n", 2, "--stats-every", 0)
     assert result.exit_code == 1, result.output
     assert "stopped serving" in result.output and "_Boom" in result.output
 
@@ -81,12 +79,6 @@ def _poke(address):
         sock.send_multipart([head("PING", seq=1)])
         time.sleep(0.1)
     sock.close()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(20)
@@ -254,16 +246,7 @@ def test_gossip_resumes_within_two_heartbeats_of_a_fast_broker_restart():
 def test_a_takeover_while_the_victim_is_parked_ends_the_victim_s_call(ring2):
     """C8: the victim of a takeover waited forever on its parked COLLECT."""
     victim = GossipClient(ring2.address, 0, heartbeat=0.1)
-    box = {}
-
-    def wait():
-        try:
-            victim.collect()
-        except GossipError as err:
-            box["error"] = err
-
-    t = threading.Thread(target=wait, daemon=True)
-    t.start()
+    t, box = in_thread(victim.collect)
     time.sleep(0.3)
     thief = GossipClient(ring2.address, 0, takeover=True)
     t.join(5)

@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,11 @@ from pathlib import Path
 import pytest
 
 from gossiprl import launch
+from helpers import REPO_ROOT, free_port
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = REPO_ROOT / "README.md"
 FRAMES = 4000
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "squeue", "scancel", "scontrol")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(**extra) -> dict:
@@ -115,7 +109,7 @@ def slurm(tmp_path):
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     conf = root / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(root=root, ctld_port=_free_port(), d_port=_free_port()))
+    conf.write_text(SLURM_CONF.format(root=root, ctld_port=free_port(), d_port=free_port()))
     marker = f"SLURM_CONF={conf}"
     env = _env(SLURM_CONF=str(conf))
     # --force: munged refuses root and a socket under world-writable /tmp without it.
@@ -203,7 +197,7 @@ def test_readme_slurm_script_runs_on_a_real_slurm(slurm, tmp_path):
         made = subprocess.run([sys.executable, "-m", "gossiprl.cli", "keys", "generate",
                                str(home / ".gossiprl" / name), "--name", name], capture_output=True, text=True)
         assert made.returncode == 0, made.stdout + made.stderr
-    port = str(_free_port())
+    port = str(free_port())
     script = readme_slurm_script()
     script = _replace(script, "--env ALE/Pong-v5", "--env CartPole-v1")
     script = _replace(script, "--total-frames 2500000", f"--total-frames {FRAMES}")
@@ -236,7 +230,7 @@ def test_torchrun_starts_the_agents(tmp_path):
     torchrun = shutil.which("torchrun", path=_env()["PATH"])
     if torchrun is None:
         pytest.skip("torchrun not found (it comes with torch)")
-    port = _free_port()
+    port = free_port()
     broker = _cli("broker", "--bind", f"tcp://127.0.0.1:{port}", "--agents", "2", "--topology", "ring",
                   "--stats-every", "0")
     try:

@@ -5,15 +5,14 @@ import json
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 pytest.importorskip("minatar", reason="MinAtar is the optional extra: pip install 'gossiprl[minatar]'")
 
 from gossiprl.rl.agent import AgentConfig  # noqa: E402
-from gossiprl.cli import main  # noqa: E402
 from gossiprl.rl.envs import env_spec, make_env  # noqa: E402
 from gossiprl.launch import SwarmConfig, run  # noqa: E402
 from gossiprl.rl.models import MinAtarActorCritic, make_model  # noqa: E402
+from helpers import invoke  # noqa: E402
 
 
 @pytest.mark.parametrize("game", ["Breakout", "SpaceInvaders", "Asterix", "Freeway", "Seaquest"])
@@ -49,8 +48,7 @@ def test_a_minatar_ring_trains_a_few_updates_and_its_consensus_is_evaluated(tmp_
     assert summary["agents_min_return"] == min(own)
     assert summary["agents_mean_return"] == pytest.approx(sum(own) / 2)
 
-    result = CliRunner().invoke(main, ["eval", str(tmp_path / "run"), "--episodes", "2", "--json"],
-                                catch_exceptions=False)
+    result = invoke("eval", tmp_path / "run", "--episodes", 2, "--json")
     scores = json.loads(result.output)
     assert scores["consensus"]["agents"] == 2 and len(scores["consensus"]["returns"]) == 2
     assert scores["overall"]["episodes"] == 4

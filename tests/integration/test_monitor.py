@@ -2,7 +2,6 @@
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -14,15 +13,10 @@ import numpy as np
 import pytest
 
 from gossiprl import GossipClient
+from helpers import free_port
 
 pytest.importorskip("prometheus_client", reason="the monitor extra (prometheus-client) is not installed")
 pytest.importorskip("rich", reason="the monitor extra (rich) is not installed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

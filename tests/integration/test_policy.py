@@ -11,6 +11,7 @@ import gossiprl
 from gossiprl.rl.a2c import A2CConfig
 from gossiprl.rl.agent import AgentConfig, load_checkpoint, train
 from gossiprl.rl.policy import load_policy, record_videos
+from helpers import invoke
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +80,7 @@ def test_video_is_a_real_mp4(run_dir, tmp_path):
 
 def test_eval_video_writes_an_mp4_per_policy(run_dir, tmp_path):
     pytest.importorskip("imageio.v3", reason="the rl extra's video packages are not installed")
-    from click.testing import CliRunner
-
-    from gossiprl.cli import main
-
-    result = CliRunner().invoke(main, ["eval", str(run_dir), "--episodes", "2", "--video", str(tmp_path)])
+    result = invoke("eval", run_dir, "--episodes", 2, "--video", tmp_path)
     assert result.exit_code == 0, result.output
     for name in ("consensus", "agent-0", "agent-1"):
         assert f"video: 1 episode(s) in {tmp_path / name}" in result.output

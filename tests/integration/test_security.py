@@ -13,18 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from click.testing import CliRunner
 
 import topologies
 from gossiprl import Broker, BrokerUnavailable, GossipClient, keys, wire
-from gossiprl.cli import main
+from helpers import REPO_ROOT, invoke
 
-ROOT = Path(__file__).resolve().parents[2]
 FAST = {"heartbeat": 0.2, "liveness": 2}  # a refused agent gives up after 0.4 s
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
 @pytest.fixture(scope="module")
@@ -318,8 +312,8 @@ model.eval(); re.compile("x"); torch.load(path, weights_only=True); np.load(path
 
 @pytest.mark.timeout(10)
 def test_nothing_received_is_unpickled_evaluated_or_imported():
-    files = sorted((ROOT / "gossiprl").rglob("*.py")) + sorted((ROOT / "topologies").rglob("*.py"))
+    files = sorted((REPO_ROOT / "gossiprl").rglob("*.py")) + sorted((REPO_ROOT / "topologies").rglob("*.py"))
     assert len(files) > 10
-    offending = [f"{path}: {use}" for path in (f.relative_to(ROOT).as_posix() for f in files)
-                 for use in unsafe_uses((ROOT / path).read_text(encoding="utf-8")) if (path, use) not in ALLOWED]
+    offending = [f"{path}: {use}" for path in (f.relative_to(REPO_ROOT).as_posix() for f in files)
+                 for use in unsafe_uses((REPO_ROOT / path).read_text(encoding="utf-8")) if (path, use) not in ALLOWED]
     assert offending == []

@@ -3,9 +3,8 @@ import json
 import time
 
 import pytest
-from click.testing import CliRunner
 
-from gossiprl.cli import main
+from helpers import invoke
 
 
 def read_events(directory):
@@ -40,9 +39,8 @@ def swarm_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("WANDB_MODE", "offline")
         env.setenv("WANDB_SILENT", "true")
-        result = CliRunner().invoke(main, ["run", "--agents", "2", "--topology", "ring", "--total-frames", "40000",
-                                           "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none",
-                                           "--torch-threads", "1", *track])
+        result = invoke("run", "--agents", 2, "--topology", "ring", "--total-frames", 40000, "--run-dir", run_dir,
+                        "--no-progress", "--stop-at-return", "none", "--torch-threads", 1, *track)
     assert result.exit_code == 0, result.output
     return run_dir
 

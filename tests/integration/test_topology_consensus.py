@@ -3,49 +3,22 @@
 Agents are threads in one process (as in README's "The comms layer on its own"), each mixing
 a 100,000-float vector with what the broker delivers per round; the result is compared with
 the product of the topology's own round matrices and with the contraction diagnose() states.
-Agents leave together, after a barrier: one that closes early is bypassed by the broker's
-rewiring, which changes the graph the others still mix with, and that is not what this measures.
 """
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pytest
 
 import topologies
-from gossiprl import Broker, GossipClient, mix
+from brokers import gossip_rows
+from gossiprl import Broker
 
 SIZE = 100_000
 
 
 def gossip_through_broker(topology, x: np.ndarray, rounds: int) -> np.ndarray:
-    x = x.copy()
-    errors: list[BaseException] = []
-    broker = Broker(topology).start()
-    done = threading.Barrier(topology.n, timeout=60)
-
-    def agent(rank: int) -> None:
-        try:
-            with GossipClient(broker.address, rank) as client:
-                for _ in range(rounds):
-                    letters = client.exchange({"x": x[rank]})
-                    mix({"x": x[rank]}, letters, client.last_weights, rank)
-                done.wait()
-        except BaseException as exc:  # surfaced below: a thread's failure must fail the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=agent, args=(r,)) for r in range(topology.n)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    finally:
-        broker.close()
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads)
-    return x
+    with Broker(topology).start() as broker:
+        return gossip_rows(broker, x, rounds)
 
 
 def product(topology, rounds: int) -> np.ndarray:

@@ -7,16 +7,11 @@ import re
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from gossiprl.rl.agent import AgentConfig, train
-from gossiprl.cli import main
 from gossiprl.rl.evaluate import evaluate
 from gossiprl.launch import SwarmConfig, run
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+from helpers import invoke
 
 
 def read_metrics(agent_dir):

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import topologies
+from helpers import REPO_ROOT, invoke
 from topologies import NAMES, Topology, TopologyError, from_dict, from_matrix, make
 
 FAST = settings(max_examples=40, deadline=None)
@@ -737,35 +738,28 @@ def test_sparse_time_varying_is_the_one_peer_exponential_graph():
 
 
 # --------------------------------------------------------------------------- the topology CLI and the docs
-def cli(*args):
-    from click.testing import CliRunner
-
-    from gossiprl.cli import main
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
 def test_cli_show_builds_every_family_with_its_options(tmp_path):
     pytest.importorskip("matplotlib")
-    result = cli("topology", "show", "gala-exponential", "-n", "8", "--peers-per-round", "2", "--plot", tmp_path / "g.png")
+    result = invoke("topology", "show", "gala-exponential", "-n", "8", "--peers-per-round", "2", "--plot", tmp_path / "g.png")
     assert result.exit_code == 0, result.output
     assert "period 5" in result.output and "rank 0: in 1, 7 | out 1, 7" in result.output and "rank 0: in 4, 7 | out 1, 4" in result.output
     assert "contraction per period (5 rounds)" in result.output and "rounds to shrink" in result.output
     assert (tmp_path / "g.png").read_bytes().startswith(b"\x89PNG")
-    result = cli("topology", "show", "random-regular", "-n", "12", "--option", "degree=4", "--option", "seed=2")
+    result = invoke("topology", "show", "random-regular", "-n", "12", "--option", "degree=4", "--option", "seed=2")
     assert result.exit_code == 0 and "options: degree=4, seed=2" in result.output
     for args, words in [(["torus", "-n", "12", "--option", "deg=1"], "unknown option 'deg'"),
                         (["torus", "-n", "12", "--option", "rows"], "KEY=INTEGER"),
                         (["bipartite-linear", "-n", "7"], "even number of agents"),
                         (["sparse", "-n", "10000"], "more than `topology show` builds (4096")]:
-        result = cli("topology", "show", *args)
+        result = invoke("topology", "show", *args)
         assert result.exit_code == 2 and words in result.output, result.output
 
 
 def test_docs_tables_are_what_the_command_prints():
-    doc = (Path(__file__).parents[2] / "docs" / "topologies.md").read_text()
+    doc = (REPO_ROOT / "docs" / "topologies.md").read_text()
     for marker, args in [("k=1", []), ("k=2", ["--peers-per-round", "2"])]:
         block = doc.split(f"<!-- table {marker} -->\n")[1].split("\n<!-- end -->")[0].splitlines()
-        printed = cli("topology", "table", *args).output.splitlines()
+        printed = invoke("topology", "table", *args).output.splitlines()
         assert block[:2] == printed[:2] and set(block) <= set(printed) and len(block) > 10
 
 

@@ -1,0 +1,56 @@
+"""Plain functions that tests in both tests/unit and tests/integration call directly.
+
+Importable as ``from helpers import ...`` because tox.ini's [pytest] puts tests/ on sys.path
+(``pythonpath = tests``). Fixtures live in conftest.py instead; see its docstring for the split.
+"""
+import socket
+import threading
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def invoke(*args):
+    """The `gossiprl` command in-process; arguments may be paths or numbers.
+
+    catch_exceptions=False, so a crash fails the test with its traceback instead of exit code 1.
+    The CLI is imported here, not at module level, so a test that never calls this does not load it."""
+    from click.testing import CliRunner
+
+    from gossiprl.cli import main
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now, for a process that must be told its port up front."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(ready, timeout, what, every=0.2, process=None):
+    """Poll ready() until it is true; fail with `what` once `timeout` seconds pass, or at once when
+    `process` (a Popen the wait depends on) has exited, since then ready() would never come true."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline and (process is None or process.poll() is None), what
+        time.sleep(every)
+
+
+def in_thread(fn, *args):
+    """Run fn in a daemon thread, so a test can check that a call blocks and when it returns.
+
+    Returns (thread, box); box gets 'result' or 'error', then 'done_at' (time.monotonic())."""
+    box = {}
+
+    def target():
+        try:
+            box["result"] = fn(*args)
+        except Exception as exc:  # handed to the test thread
+            box["error"] = exc
+        box["done_at"] = time.monotonic()
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, box
