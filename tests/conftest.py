@@ -9,8 +9,12 @@ Where shared test code lives:
 A test module never imports from another test module.
 """
 import os
+import signal
 import tempfile
+import time
 import warnings
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +41,48 @@ def session_tmpdir(tmp_path_factory):
     if left:
         warnings.warn(pytest.PytestWarning(f"the tests left {len(left)} gossiprl-* temp dir(s) behind in {path}: "
                                            f"{', '.join(left)}"))
+
+
+LONG_LIVED_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+"""Processes Python starts once and keeps for the session: not a test's leftovers."""
+
+
+def _process_tree(root: int) -> list[int]:
+    """Live (not zombie) descendants of ``root``, parents before their children, read from /proc."""
+    children = defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError):  # the process ended while we looked
+            continue
+        if state != "Z" and not any(name.encode() in cmdline for name in LONG_LIVED_HELPERS):
+            children[int(ppid)].append(int(stat.parent.name))
+    tree, queue = [], [root]
+    while queue:
+        for child in children[queue.pop(0)]:
+            tree.append(child)
+            queue.append(child)
+    return tree
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """Kill what a test started and did not stop, and say so.
+
+    A test that fails between starting `gossiprl run` and stopping it would otherwise leave a
+    launcher and its agents training for hours, slowing every later test on CI's two cores. A
+    straggler gets 5 s to finish on its own (a broker closing, an agent writing its checkpoint);
+    one still alive then is killed with its children and named in a warning."""
+    before = set(_process_tree(os.getpid()))
+    yield
+    deadline = time.monotonic() + 5
+    while (left := [pid for pid in _process_tree(os.getpid()) if pid not in before]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in reversed(left):  # children first, so none is re-parented out of reach
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if left:
+        warnings.warn(pytest.PytestWarning(f"the test left {len(left)} process(es) running, now killed: {left}"))

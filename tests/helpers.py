@@ -4,6 +4,7 @@ Importable as ``from helpers import ...`` because tox.ini's [pytest] puts tests/
 (``pythonpath = tests``). Fixtures live in conftest.py instead; see its docstring for the split.
 """
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -54,3 +55,15 @@ def in_thread(fn, *args):
     t = threading.Thread(target=target, daemon=True)
     t.start()
     return t, box
+
+
+def child_pids(pid: int) -> list[int]:
+    """The pids whose parent is ``pid``, to check later that none of them outlived it."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def is_running(pid: int) -> bool:
+    """Running: a zombie (exited, not yet reaped by its parent) does not count."""
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"

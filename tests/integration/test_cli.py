@@ -6,13 +6,12 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import invoke, wait_for
+from helpers import child_pids, invoke, is_running, wait_for
 
 
 def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
@@ -115,30 +114,20 @@ def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)), 60,
              "agents never started training", process=launcher)
-    children = _children(launcher.pid)
+    children = child_pids(launcher.pid)
     assert len(children) >= 2
     launcher.send_signal(sig)
     output, _ = launcher.communicate(timeout=90)
     assert launcher.returncode == 128 + sig, output  # 130 for Ctrl-C, 143 for SIGTERM
     assert "interrupted" in output
     # multiprocessing's resource tracker leaves just after its parent
-    wait_for(lambda: not [pid for pid in children if _alive(pid)], 5, "agent processes outlived the launcher",
+    wait_for(lambda: not [pid for pid in children if is_running(pid)], 5, "agent processes outlived the launcher",
              every=0.1)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "interrupted" and summary["frames"] > 0
     for rank in (0, 1):
         assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
         assert not (run_dir / f"agent-{rank}" / "checkpoint.pt.tmp").exists()
-
-
-def _children(pid):
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def _alive(pid):
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 @pytest.mark.timeout(120)
@@ -151,10 +140,10 @@ def test_agents_stop_by_themselves_when_the_launcher_is_killed(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)), 60,
              "agents never started training", process=launcher)
-    children = _children(launcher.pid)
+    children = child_pids(launcher.pid)
     launcher.kill()
     launcher.wait()
-    wait_for(lambda: not [pid for pid in children if _alive(pid)], 30, "agent processes outlived a killed launcher")
+    wait_for(lambda: not [pid for pid in children if is_running(pid)], 30, "agent processes outlived a killed launcher")
     for rank in (0, 1):
         assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
 

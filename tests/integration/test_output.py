@@ -6,21 +6,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import topologies
-from gossiprl.cli import main
+from helpers import child_pids, invoke, is_running
 from gossiprl.comms import keys
 from gossiprl.comms.broker import Broker
 from gossiprl.comms.client import GossipClient
 
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
 @pytest.mark.timeout(120)
@@ -183,16 +178,6 @@ def test_broker_prints_a_short_stats_line_and_exits_when_its_swarm_is_done():
     assert "all 2 agents registered and left with BYE" in output
 
 
-def _children(pid):
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def _alive(pid):
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
-
-
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])
 def test_a_killed_launcher_leaves_no_private_dir_and_no_leaked_semaphore(tmp_path, transport):
@@ -211,13 +196,13 @@ def test_a_killed_launcher_leaves_no_private_dir_and_no_leaked_semaphore(tmp_pat
         assert time.monotonic() < deadline and launcher.poll() is None, "agents never started training"
         time.sleep(0.2)
     assert [p.name for p in tmpdir.iterdir() if p.name.startswith("gossiprl-")], "the launcher made no private dir"
-    children = _children(launcher.pid)
+    children = child_pids(launcher.pid)
     launcher.kill()
     stderr = launcher.communicate(timeout=60)[1]  # EOF once every process holding the launcher's stderr is gone
     deadline = time.monotonic() + 30
-    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+    while [pid for pid in children if is_running(pid)] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [pid for pid in children if _alive(pid)], "processes outlived a killed launcher"
+    assert not [pid for pid in children if is_running(pid)], "processes outlived a killed launcher"
     assert not [p.name for p in tmpdir.iterdir() if p.name.startswith("gossiprl-")]
     assert "leaked semaphore" not in stderr and "leaked" not in stderr, stderr
     for rank in (0, 1):

@@ -2,13 +2,9 @@
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from gossiprl.cli import main
+from helpers import invoke
 
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
 @pytest.mark.timeout(180)

@@ -8,15 +8,12 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 import pytest
-from click.testing import CliRunner
 
 from gossiprl import cli, config, launch
 from gossiprl.launch import SwarmConfig
 from gossiprl.rl.settings import A2CConfig, AgentConfig
+from helpers import invoke
 
-
-def invoke(*args):
-    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
 
 
 @pytest.fixture
