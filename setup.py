@@ -7,6 +7,7 @@ takes the CPU wheel on our CPU machines), and the ``torch>=2.1`` range below ins
 MinAtar (the CPU-scale Atari stand-in the experiments use) is its own extra, ``minatar``: it pulls
 pandas, scipy and seaborn, which nothing else needs.
 """
+
 from setuptools import find_packages, setup
 
 setup(
@@ -34,7 +35,14 @@ setup(
         "monitor": ["prometheus-client>=0.17", "rich>=13"],
         "track": ["wandb>=0.16"],
         "minatar": ["minatar==1.0.15"],
-        "test": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.80", "prometheus-client>=0.17", "rich>=13"],
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.2",
+            "hypothesis>=6.80",
+            "prometheus-client>=0.17",
+            "rich>=13",
+            "ruff==0.17.6",  # pinned: a newer ruff may format differently, and CI checks the format
+        ],
     },
     entry_points={"console_scripts": ["gossiprl=gossiprl.cli:main"]},
 )

@@ -4,12 +4,13 @@ every k updates, 4 agents on a sync ring, equal total frames.
     python -m experiments.batch_period            # MinAtar Breakout, 3 seeds
     python -m experiments.batch_period --quick    # CartPole smoke test
 """
+
 from __future__ import annotations
 
 from experiments.common import Cell
 from experiments.study import Study, command
-from gossiprl.rl.a2c import A2CConfig
 from gossiprl.launch import SwarmConfig
+from gossiprl.rl.a2c import A2CConfig
 
 AGENTS = 4
 SETTINGS = {  # setting -> (n_steps, num_envs, gossip every k updates)
@@ -24,16 +25,31 @@ SETTINGS = {  # setting -> (n_steps, num_envs, gossip every k updates)
 def build(quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:
     cells = []
     for setting, (n_steps, num_envs, every) in SETTINGS.items():
-        cells += [Cell(setting, seed, AGENTS, frames, SwarmConfig(agents=AGENTS, topology="ring"),
-                       a2c=A2CConfig(n_steps=n_steps, num_envs=num_envs), gossip_every=every,
-                       labels={"batch": n_steps * num_envs}) for seed in seeds]
+        cells += [
+            Cell(
+                setting,
+                seed,
+                AGENTS,
+                frames,
+                SwarmConfig(agents=AGENTS, topology="ring"),
+                a2c=A2CConfig(n_steps=n_steps, num_envs=num_envs),
+                gossip_every=every,
+                labels={"batch": n_steps * num_envs},
+            )
+            for seed in seeds
+        ]
     return cells, list(SETTINGS)
 
 
-STUDY = Study("batch_period", "Batch size and gossip period",
-              "how do the batch per update (n-steps x envs) and gossiping only every k updates trade "
-              "communication time against learning, for the same frames?", build, real_frames=100_000,
-              quick_settings=2)
+STUDY = Study(
+    "batch_period",
+    "Batch size and gossip period",
+    "how do the batch per update (n-steps x envs) and gossiping only every k updates trade "
+    "communication time against learning, for the same frames?",
+    build,
+    real_frames=100_000,
+    quick_settings=2,
+)
 main = command(STUDY)
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ How cells are judged, the same way in every study:
   policy played the same way.
 * over seeds: mean and a 95 % Student-t interval.
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,9 +31,9 @@ import shutil
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class Cell:
     gossip_every: int = 1
     labels: dict = field(default_factory=dict)
     """Extra columns for the table (topology, mode, staleness, ...)."""
-    runner: Callable[["Cell", AgentConfig, Path], tuple[list[dict], float]] | None = None
+    runner: Callable[[Cell, AgentConfig, Path], tuple[list[dict], float]] | None = None
     """Runs the swarm some other way than ``launch.run`` (agents in network namespaces): gets the
     cell, the agents' config and the run dir, returns (each agent's summary, wall-clock seconds)."""
 
@@ -89,8 +90,15 @@ def ci95(values) -> tuple[float, float]:
     return float(values.mean()), float(t * values.std(ddof=1) / math.sqrt(len(values)))
 
 
-def run_study(cells: list[Cell], out: Path, env_id: str, threshold: float | None, eval_episodes: int,
-              echo=print, shared: Path | None = None) -> list[dict]:
+def run_study(
+    cells: list[Cell],
+    out: Path,
+    env_id: str,
+    threshold: float | None,
+    eval_episodes: int,
+    echo=print,
+    shared: Path | None = None,
+) -> list[dict]:
     """Run every cell not yet finished, one after the other; return all rows (old and new).
 
     ``shared`` (default: ``<out>/../_shared``) holds every finished cell under a fingerprint of
@@ -128,10 +136,17 @@ def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
     # the swarm's own budget is left out: the cell's total_frames is the budget, and a cell keeps
     # the fingerprint it had before SwarmConfig held one
     swarm = {k: v for k, v in asdict(cell.swarm).items() if k != "total_frames"} if cell.swarm else None
-    what = {"env": env_id, "eval_episodes": eval_episodes, "seed": cell.seed, "agents": cell.agents,
-            "total_frames": cell.total_frames, "swarm": swarm,
-            "a2c": asdict(cell.a2c), "gossip_every": cell.gossip_every,
-            "runner": cell.runner.__name__ if cell.runner else None}
+    what = {
+        "env": env_id,
+        "eval_episodes": eval_episodes,
+        "seed": cell.seed,
+        "agents": cell.agents,
+        "total_frames": cell.total_frames,
+        "swarm": swarm,
+        "a2c": asdict(cell.a2c),
+        "gossip_every": cell.gossip_every,
+        "runner": cell.runner.__name__ if cell.runner else None,
+    }
     return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -143,9 +158,11 @@ def _write_json(path: Path, value) -> None:
 
 def describe(row: dict) -> str:
     solved = "" if row["solved"] is None else f"  solved(all agents) {'yes' if row['solved'] else 'no'}"
-    return (f"{row['setting']}, seed {row['seed']}: {row['frames'] / 1e6:.3f}M frames in {row['wall_s']:.0f}s "
-            f"({row['fps']:.0f} frames/s)  agents' last-100 mean {row['agents_mean']:.2f} (worst {row['agents_min']:.2f})"
-            f"  consensus eval {row['consensus_eval']:.2f}  gossip {100 * row['gossip_share']:.0f}%{solved}")
+    return (
+        f"{row['setting']}, seed {row['seed']}: {row['frames'] / 1e6:.3f}M frames in {row['wall_s']:.0f}s "
+        f"({row['fps']:.0f} frames/s)  agents' last-100 mean {row['agents_mean']:.2f} (worst {row['agents_min']:.2f})"
+        f"  consensus eval {row['consensus_eval']:.2f}  gossip {100 * row['gossip_share']:.0f}%{solved}"
+    )
 
 
 def load_rows(out: Path, cells: list[Cell] | None = None) -> list[dict]:
@@ -162,9 +179,17 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         shutil.rmtree(run_dir)
     per_agent = cell.total_frames // cell.agents
     updates = max(1, per_agent // (cell.a2c.n_steps * cell.a2c.num_envs))
-    agent_cfg = AgentConfig(env_id=env_id, seed=cell.seed, total_frames=per_agent, a2c=cell.a2c,
-                            gossip_every=cell.gossip_every, log_every=max(1, updates // CURVE_ROWS),
-                            checkpoint_every=10 ** 9, agents_per_host=cell.agents, device="cpu")
+    agent_cfg = AgentConfig(
+        env_id=env_id,
+        seed=cell.seed,
+        total_frames=per_agent,
+        a2c=cell.a2c,
+        gossip_every=cell.gossip_every,
+        log_every=max(1, updates // CURVE_ROWS),
+        checkpoint_every=10**9,
+        agents_per_host=cell.agents,
+        device="cpu",
+    )
     start = time.perf_counter()
     if cell.swarm is None:
         summaries = _run_independent(cell.agents, agent_cfg, run_dir)
@@ -176,8 +201,13 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         agent_dirs = [run_dir / f"agent-{r}" for r in range(cell.agents)]
         gossip_share = sum(s["gossip_s"] for s in summaries) / sum(s["wall_seconds"] for s in summaries)
     else:
-        summary = launch.run(replace(cell.swarm, total_frames=cell.total_frames), agent_cfg, run_dir,
-                             show_progress=False, echo=lambda *a: None)
+        summary = launch.run(
+            replace(cell.swarm, total_frames=cell.total_frames),
+            agent_cfg,
+            run_dir,
+            show_progress=False,
+            echo=lambda *a: None,
+        )
         wall = summary["wall_seconds"]
         summaries = [summary["per_agent"][r] for r in sorted(summary["per_agent"])]
         if summary["failed"]:
@@ -191,15 +221,24 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
     curves = _write_curves(agent_dirs, out / "curves" / f"{cell.key}.csv")
     split = _time_split(summaries, curves)
     return {
-        "setting": cell.setting, "seed": cell.seed, "agents": cell.agents, **cell.labels,
-        "n_steps": cell.a2c.n_steps, "num_envs": cell.a2c.num_envs, "gossip_every": cell.gossip_every,
-        "frames": int(sum(s["frames"] for s in summaries)), "wall_s": wall,
+        "setting": cell.setting,
+        "seed": cell.seed,
+        "agents": cell.agents,
+        **cell.labels,
+        "n_steps": cell.a2c.n_steps,
+        "num_envs": cell.a2c.num_envs,
+        "gossip_every": cell.gossip_every,
+        "frames": int(sum(s["frames"] for s in summaries)),
+        "wall_s": wall,
         "fps": sum(s["frames"] for s in summaries) / wall,
-        "agents_mean": float(np.mean(means)), "agents_min": float(np.min(means)), "agents_max": float(np.max(means)),
+        "agents_mean": float(np.mean(means)),
+        "agents_min": float(np.min(means)),
+        "agents_max": float(np.max(means)),
         "per_agent_last100": means,
         "per_agent_eval": agent_evals,
         "agents_eval_mean": float(np.mean(agent_evals)),
-        "consensus_eval": consensus["mean"], "consensus_eval_std": consensus["std"],
+        "consensus_eval": consensus["mean"],
+        "consensus_eval_std": consensus["std"],
         "eval_episodes": eval_episodes,
         "solved": None if threshold is None else bool(min(means) >= threshold),
         "consensus_solved": None if threshold is None else bool(consensus["mean"] >= threshold),
@@ -220,8 +259,9 @@ def _run_independent(n: int, agent_cfg: AgentConfig, run_dir: Path) -> list[dict
         try:
             cfg = replace(agent_cfg, seed=agent_cfg.seed + r, torch_threads=threads)
             solo = launch.SwarmConfig(agents=1, topology=None, total_frames=cfg.total_frames)
-            results[r] = launch.run(solo, cfg, run_dir / f"indep-{r}", show_progress=False,
-                                    echo=lambda *a: None)["per_agent"][0]
+            results[r] = launch.run(solo, cfg, run_dir / f"indep-{r}", show_progress=False, echo=lambda *a: None)[
+                "per_agent"
+            ][0]
         except BaseException as err:  # re-raised below, in the caller's thread
             errors.append(err)
 
@@ -241,10 +281,16 @@ def _write_curves(agent_dirs: list[Path], path: Path) -> list[dict]:
         with open(agent_dir / "metrics.csv", newline="") as f:
             for r in csv.DictReader(f):
                 if r["mean_return_100"]:
-                    rows.append({"agent": rank, "frames": int(r["frames"]), "wall_s": float(r["wall_s"]),
-                                 "mean_return_100": float(r["mean_return_100"]),
-                                 "wait_s": float(r.get("gossip/wait_s") or 0.0),
-                                 "mix_s": float(r.get("gossip/mix_s") or 0.0)})
+                    rows.append(
+                        {
+                            "agent": rank,
+                            "frames": int(r["frames"]),
+                            "wall_s": float(r["wall_s"]),
+                            "mean_return_100": float(r["mean_return_100"]),
+                            "wait_s": float(r.get("gossip/wait_s") or 0.0),
+                            "mix_s": float(r.get("gossip/mix_s") or 0.0),
+                        }
+                    )
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, ["agent", "frames", "wall_s", "mean_return_100", "wait_s", "mix_s"])
@@ -264,9 +310,12 @@ def _time_split(summaries: list[dict], curves: list[dict]) -> dict:
     mix = sum(r["mix_s"] for r in curves)
     mix_fraction = mix / (wait + mix) if wait + mix > 0 else 0.0
     gossip = float(np.mean([s.get("gossip_s", 0.0) for s in summaries]))
-    return {"rollout_s": float(np.mean([s["rollout_s"] for s in summaries])),
-            "learn_s": float(np.mean([s["learn_s"] for s in summaries])),
-            "gossip_wait_s": gossip * (1 - mix_fraction), "mix_s": gossip * mix_fraction}
+    return {
+        "rollout_s": float(np.mean([s["rollout_s"] for s in summaries])),
+        "learn_s": float(np.mean([s["learn_s"] for s in summaries])),
+        "gossip_wait_s": gossip * (1 - mix_fraction),
+        "mix_s": gossip * mix_fraction,
+    }
 
 
 def read_curves(out: Path, key: str) -> list[dict]:
@@ -283,8 +332,9 @@ def swarm_curve(rows: list[dict], x: str, grid: np.ndarray, agents: int, hold_la
     then an agent that had spent its budget keeps its final value (it had nothing left to do)."""
     per_agent = []
     for a in sorted({int(r["agent"]) for r in rows}):
-        pts = sorted((r[x] * (agents if x == "frames" else 1), r["mean_return_100"]) for r in rows
-                     if int(r["agent"]) == a)
+        pts = sorted(
+            (r[x] * (agents if x == "frames" else 1), r["mean_return_100"]) for r in rows if int(r["agent"]) == a
+        )
         xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
         curve = np.interp(grid, xs, ys, left=np.nan, right=ys[-1] if hold_last else np.nan)
         curve[(grid > xs[-1]) & (grid <= xs[-1] * 1.001)] = ys[-1]

@@ -1,5 +1,6 @@
 """One figure per study: score vs frames and vs wall-clock, mean over seeds with a shaded 95 % interval,
 and (where asked) the per-iteration time split as stacked bars. Rendered on an Agg canvas (headless)."""
+
 from __future__ import annotations
 
 import warnings
@@ -23,8 +24,16 @@ def _band(curves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.where(count > 1, t * std / np.sqrt(np.maximum(count, 1)), 0.0)
 
 
-def study_figure(out: Path, rows: list[dict], settings: list[str], path: Path, title: str, env_id: str,
-                 time_split: bool = False, threshold: float | None = None) -> None:
+def study_figure(
+    out: Path,
+    rows: list[dict],
+    settings: list[str],
+    path: Path,
+    title: str,
+    env_id: str,
+    time_split: bool = False,
+    threshold: float | None = None,
+) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -43,17 +52,32 @@ def study_figure(out: Path, rows: list[dict], settings: list[str], path: Path, t
             grid = grids[x]
             # vs wall-clock a seed that has spent its frames keeps its final score, so the mean does not
             # jump when the fastest seed stops (and it matches the table's equal-wall-clock score)
-            curves = np.vstack([swarm_curve(read_curves(out, cell_key(r['setting'], r['seed'])), x, grid, r["agents"],
-                                            hold_last=x == "wall_s") for r in mine])
+            curves = np.vstack(
+                [
+                    swarm_curve(
+                        read_curves(out, cell_key(r["setting"], r["seed"])),
+                        x,
+                        grid,
+                        r["agents"],
+                        hold_last=x == "wall_s",
+                    )
+                    for r in mine
+                ]
+            )
             mean, half = _band(curves)
             xs = grid / 1e6 if x == "frames" else grid
             ax.plot(xs, mean, color=color, label=f"{setting} (n={len(mine)} seeds)")
             ax.fill_between(xs, mean - half, mean + half, color=color, alpha=0.2, linewidth=0)
     for ax, x in zip(axes, ("frames", "wall_s")):
-        ax.set_xlabel("frames, whole swarm (M)" if x == "frames" else "wall-clock of training on the same 2 cores (s), after start-up")
+        ax.set_xlabel(
+            "frames, whole swarm (M)"
+            if x == "frames"
+            else "wall-clock of training on the same 2 cores (s), after start-up"
+        )
         ax.set_ylabel("episode return (mean of agents' last-100 means)")
-        ax.set_title("score vs frames" if x == "frames" else
-                     "score vs wall-clock (finished seeds hold their last score)")
+        ax.set_title(
+            "score vs frames" if x == "frames" else "score vs wall-clock (finished seeds hold their last score)"
+        )
         ax.ticklabel_format(axis="x", style="plain", useOffset=False)
         if threshold is not None:
             ax.axhline(threshold, color="gray", linestyle=":", linewidth=1, label=f"threshold {threshold:g}")
@@ -68,8 +92,12 @@ def study_figure(out: Path, rows: list[dict], settings: list[str], path: Path, t
 
 def _time_split_bars(ax, rows: list[dict], settings: list[str]) -> None:
     """Seconds per update of one agent, mean over seeds, split into the loop's phases."""
-    parts = [("rollout_s", "rollout"), ("learn_s", "learn"), ("gossip_wait_s", "gossip wait + transfer"),
-             ("mix_s", "mix")]
+    parts = [
+        ("rollout_s", "rollout"),
+        ("learn_s", "learn"),
+        ("gossip_wait_s", "gossip wait + transfer"),
+        ("mix_s", "mix"),
+    ]
     bottom = np.zeros(len(settings))
     for k, (key, label) in enumerate(parts):
         values = []
@@ -86,4 +114,3 @@ def _time_split_bars(ax, rows: list[dict], settings: list[str]) -> None:
 
 def updates_per_agent(row: dict) -> float:
     return max(1.0, row["frames"] / row["agents"] / (row["n_steps"] * row["num_envs"]))
-

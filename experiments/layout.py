@@ -7,6 +7,7 @@ without them only the one-host setting runs, and the study says why.
     sudo python -m experiments.layout            # MinAtar Breakout, 3 seeds
     sudo python -m experiments.layout --quick    # CartPole smoke test
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,8 @@ import click
 from experiments.common import Cell
 from experiments.study import Study, command
 from gossiprl.bench import scale as bench_scale
-from gossiprl.rl.agent import AgentConfig
 from gossiprl.launch import SwarmConfig
+from gossiprl.rl.agent import AgentConfig
 
 AGENTS = 4
 PORT = 5555
@@ -55,13 +56,43 @@ def namespaces(links=LINKS, prefix: str = "gx"):
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
         for host, (broker_ip, agent_ip) in links.items():
             near, far = f"{prefix[-1]}b{tag}{host}", f"{prefix[-1]}a{tag}{host}"
-            _sh("ip", "link", "add", near, "netns", names["broker"], "type", "veth", "peer", "name", far,
-                "netns", names[host])
+            _sh(
+                "ip",
+                "link",
+                "add",
+                near,
+                "netns",
+                names["broker"],
+                "type",
+                "veth",
+                "peer",
+                "name",
+                far,
+                "netns",
+                names[host],
+            )
             for ns, dev, ip in ((names["broker"], near, broker_ip), (names[host], far, agent_ip)):
                 _sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
                 _sh("ip", "-n", ns, "link", "set", dev, "up")
-                _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                    "rate", "1gbit", "burst", "256kb", "latency", "20ms")
+                _sh(
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    "1gbit",
+                    "burst",
+                    "256kb",
+                    "latency",
+                    "20ms",
+                )
         yield names
     finally:
         for ns in names.values():
@@ -77,27 +108,68 @@ def run_spread(cell: Cell, cfg: AgentConfig, run_dir: Path) -> tuple[list[dict],
     shutil.copy(keys / "agent.key", allowed / "agent.key")
 
     def cli(ns, *args):
-        return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "gossiprl.cli", *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "gossiprl.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     a2c = cfg.a2c
     with namespaces() as ns:
         start = time.perf_counter()
-        broker = cli(ns["broker"], "broker", "--bind", f"tcp://0.0.0.0:{PORT}", "--agents", str(cell.agents),
-                     "--topology", "ring", "--curve-secret", str(keys / "broker.key_secret"),
-                     "--curve-allow", str(allowed))
+        broker = cli(
+            ns["broker"],
+            "broker",
+            "--bind",
+            f"tcp://0.0.0.0:{PORT}",
+            "--agents",
+            str(cell.agents),
+            "--topology",
+            "ring",
+            "--curve-secret",
+            str(keys / "broker.key_secret"),
+            "--curve-allow",
+            str(allowed),
+        )
         agents = {}
         try:
             for rank in range(cell.agents):
                 host = "a" if rank < cell.agents // 2 else "b"
                 agents[rank] = cli(
-                    ns[host], "agent", "--connect", f"tcp://{LINKS[host][0]}:{PORT}", "--rank", str(rank),
-                    "--agents-per-host", str(cell.agents), "--env", cfg.env_id, "--seed", str(cfg.seed),
-                    "--total-frames", str(cfg.total_frames), "--num-envs", str(a2c.num_envs),
-                    "--n-steps", str(a2c.n_steps), "--gossip-every", str(cfg.gossip_every),
-                    "--log-every", str(cfg.log_every), "--checkpoint-every", str(cfg.checkpoint_every),
-                    "--device", "cpu", "--run-dir", str(run_dir),
-                    "--curve-secret", str(keys / "agent.key_secret"), "--curve-broker", str(keys / "broker.key"))
+                    ns[host],
+                    "agent",
+                    "--connect",
+                    f"tcp://{LINKS[host][0]}:{PORT}",
+                    "--rank",
+                    str(rank),
+                    "--agents-per-host",
+                    str(cell.agents),
+                    "--env",
+                    cfg.env_id,
+                    "--seed",
+                    str(cfg.seed),
+                    "--total-frames",
+                    str(cfg.total_frames),
+                    "--num-envs",
+                    str(a2c.num_envs),
+                    "--n-steps",
+                    str(a2c.n_steps),
+                    "--gossip-every",
+                    str(cfg.gossip_every),
+                    "--log-every",
+                    str(cfg.log_every),
+                    "--checkpoint-every",
+                    str(cfg.checkpoint_every),
+                    "--device",
+                    "cpu",
+                    "--run-dir",
+                    str(run_dir),
+                    "--curve-secret",
+                    str(keys / "agent.key_secret"),
+                    "--curve-broker",
+                    str(keys / "broker.key"),
+                )
             outputs = {rank: p.communicate()[0] for rank, p in agents.items()}
             wall = time.perf_counter() - start
         finally:
@@ -113,21 +185,45 @@ def run_spread(cell: Cell, cfg: AgentConfig, run_dir: Path) -> tuple[list[dict],
 
 def build(quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:
     settings = [ONE_HOST]
-    cells = [Cell(ONE_HOST, seed, AGENTS, frames, SwarmConfig(agents=AGENTS, topology="ring", transport="tcp"),
-                  labels={"layout": "one host"}) for seed in seeds]
+    cells = [
+        Cell(
+            ONE_HOST,
+            seed,
+            AGENTS,
+            frames,
+            SwarmConfig(agents=AGENTS, topology="ring", transport="tcp"),
+            labels={"layout": "one host"},
+        )
+        for seed in seeds
+    ]
     reason = netns_unavailable()
     if reason:
         click.echo(f"layout: the network-namespace setting is skipped: {reason}")
         return cells, settings
     settings.append(SPREAD)
-    cells += [Cell(SPREAD, seed, AGENTS, frames, SwarmConfig(agents=AGENTS, topology="ring", transport="tcp"),
-                   labels={"layout": "netns"}, runner=run_spread) for seed in seeds]
+    cells += [
+        Cell(
+            SPREAD,
+            seed,
+            AGENTS,
+            frames,
+            SwarmConfig(agents=AGENTS, topology="ring", transport="tcp"),
+            labels={"layout": "netns"},
+            runner=run_spread,
+        )
+        for seed in seeds
+    ]
     return cells, settings
 
 
-STUDY = Study("layout", "Layout: one host vs network-namespace hosts",
-              "does spreading the same swarm over hosts joined by 1 Gbit/s links, as PALA's cluster, cost "
-              "learning speed against all agents on one host, on the same cores?", build, real_frames=100_000)
+STUDY = Study(
+    "layout",
+    "Layout: one host vs network-namespace hosts",
+    "does spreading the same swarm over hosts joined by 1 Gbit/s links, as PALA's cluster, cost "
+    "learning speed against all agents on one host, on the same cores?",
+    build,
+    real_frames=100_000,
+)
 main = command(STUDY)
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ setup, the table, the figure and what the data says, judged by whether 95 % inte
 
     python -m experiments.make_results [--results experiments/results] [--output experiments/RESULTS.md]
 """
+
 from __future__ import annotations
 
 import importlib
@@ -24,31 +25,48 @@ STUDIES = ["ordering_ablation", "topology_ablation", "scaling", "batch_period", 
 
 NOTES = {
     "scaling": "Every agent gets cores // agents torch threads (the launcher's default), so the single A2C "
-               "agent runs 2 intra-op threads and each agent of a swarm 1; on cores other jobs also load, "
-               "those 2 threads wait on each other, which is part of what the time split shows.",
+    "agent runs 2 intra-op threads and each agent of a swarm 1; on cores other jobs also load, "
+    "those 2 threads wait on each other, which is part of what the time split shows.",
     "layout": "The spread layout runs the agents as `gossiprl agent` commands in network namespaces (as "
-              "tests/integration/test_netns.py does): a broker host and two agent hosts with 2 agents each, every link "
-              "shaped with tc to 1 Gbit/s; the same two cores serve all of them.",
+    "tests/integration/test_netns.py does): a broker host and two agent hosts with 2 agents each, every link "
+    "shaped with tc to 1 Gbit/s; the same two cores serve all of them.",
     "topology_ablation": "The ring and independent 4-agent cells are the ordering study's runs, reused (same "
-                         "configuration and seeds); they ran earlier in the session, when other jobs loaded the "
-                         "cores more, so their wall-clock and frames/s are not comparable with the other "
-                         "topologies' — compare those settings per frame.",
+    "configuration and seeds); they ran earlier in the session, when other jobs loaded the "
+    "cores more, so their wall-clock and frames/s are not comparable with the other "
+    "topologies' — compare those settings per frame.",
     "ordering_ablation": "Async agents gossip without turn locks; max-staleness k makes an agent wait once it "
-                         "has gone k rounds without a letter from an in-peer.",
+    "has gone k rounds without a letter from an in-peer.",
 }
 
 PAPER = {
-    "ordering_ablation": ("PALA's claim: ordered (sync, turn-locked) gossip learns better than unordered async gossip "
-                          "and than independent agents at equal time.", "sync (turn locks)",
-                          ["async, max-staleness 1", "async, max-staleness 4", "async, unbounded", "none (independent)"]),
-    "topology_ablation": ("The papers' claim: gossiping agents learn better than independent ones, and the topology "
-                          "(spectral gap) sets how fast they agree.", "ring, 4 agents", ["none (independent), 4 agents"]),
-    "scaling": ("PALA Figs. 6-8: more agents reach a score sooner in wall-clock time (each agent on its own "
-                "cores/GPU).", "4 agents, ring", ["1 agent (plain A2C)"]),
-    "batch_period": ("PALA Fig. 12: gossiping less often saves communication time at little cost in learning.",
-                     "5 steps x 16 envs, gossip every update", ["5 steps x 16 envs, gossip every 16"]),
-    "layout": ("PALA Fig. 5: spreading agents over hosts costs little, because parameter transfer is a small "
-               "share of an iteration.", "one host (tcp loopback)", ["2 netns hosts, 1 Gbit/s links (tcp + CURVE)"]),
+    "ordering_ablation": (
+        "PALA's claim: ordered (sync, turn-locked) gossip learns better than unordered async gossip "
+        "and than independent agents at equal time.",
+        "sync (turn locks)",
+        ["async, max-staleness 1", "async, max-staleness 4", "async, unbounded", "none (independent)"],
+    ),
+    "topology_ablation": (
+        "The papers' claim: gossiping agents learn better than independent ones, and the topology "
+        "(spectral gap) sets how fast they agree.",
+        "ring, 4 agents",
+        ["none (independent), 4 agents"],
+    ),
+    "scaling": (
+        "PALA Figs. 6-8: more agents reach a score sooner in wall-clock time (each agent on its own cores/GPU).",
+        "4 agents, ring",
+        ["1 agent (plain A2C)"],
+    ),
+    "batch_period": (
+        "PALA Fig. 12: gossiping less often saves communication time at little cost in learning.",
+        "5 steps x 16 envs, gossip every update",
+        ["5 steps x 16 envs, gossip every 16"],
+    ),
+    "layout": (
+        "PALA Fig. 5: spreading agents over hosts costs little, because parameter transfer is a small "
+        "share of an iteration.",
+        "one host (tcp loopback)",
+        ["2 netns hosts, 1 Gbit/s links (tcp + CURVE)"],
+    ),
 }
 
 
@@ -82,11 +100,17 @@ def study_section(name: str, results: Path) -> list[str]:
     module = importlib.import_module(f"experiments.{name}")
     cells, settings = planned_cells(module.STUDY, meta["quick"], meta["frames_per_cell"], meta["seeds"])
     rows = load_rows(out, cells)
-    missing = [f"{c.setting} seed {c.seed}" for c in cells if not (out / "cells" / f"{cell_key(c.setting, c.seed)}.json").exists()]
+    missing = [
+        f"{c.setting} seed {c.seed}"
+        for c in cells
+        if not (out / "cells" / f"{cell_key(c.setting, c.seed)}.json").exists()
+    ]
     lines = [f"## {meta['title']}", "", f"**Question.** {meta['question'][0].upper()}{meta['question'][1:]}", ""]
-    lines += [f"**Setup.** `{meta['command'].strip()}` — {meta['env']}, {meta['frames_per_cell']:,} frames per cell for the "
-              f"whole swarm (split evenly over its agents), seeds {', '.join(map(str, meta['seeds']))}; "
-              f"{len(rows)} of {len(cells)} cells finished."]
+    lines += [
+        f"**Setup.** `{meta['command'].strip()}` — {meta['env']}, {meta['frames_per_cell']:,} frames per cell for the "
+        f"whole swarm (split evenly over its agents), seeds {', '.join(map(str, meta['seeds']))}; "
+        f"{len(rows)} of {len(cells)} cells finished."
+    ]
     if missing:
         lines += ["", f"**Missing cells** (not finished before the deadline): {', '.join(missing)}."]
     if not rows:
@@ -95,21 +119,33 @@ def study_section(name: str, results: Path) -> list[str]:
     finish(module.STUDY, out, rows, settings, meta["env"], meta["threshold"])
     table = {e["setting"]: e for e in aggregate(rows, settings, METRICS)}
     t_equal = rows[0]["equal_wall_s"]
-    lines += ["", "| setting | seeds | agents' own last-100 mean | worst agent | agents' final policies (eval) | "
-              f"consensus policy (eval) | score at {t_equal:.0f} s of training | wall-clock per cell (s) | frames/s | gossip share |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| setting | seeds | agents' own last-100 mean | worst agent | agents' final policies (eval) | "
+        f"consensus policy (eval) | score at {t_equal:.0f} s of training | wall-clock per cell (s) | "
+        "frames/s | gossip share |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for setting in settings:
         if setting not in table:
             continue
         e = table[setting]
-        lines.append(f"| {setting} | {e['seeds']} | {fmt(e['agents_mean'], e['agents_mean_ci'])} | "
-                     f"{fmt(e['agents_min'], e['agents_min_ci'])} | {fmt(e['agents_eval_mean'], e['agents_eval_mean_ci'])} | "
-                     f"{fmt(e['consensus_eval'], e['consensus_eval_ci'])} | "
-                     f"{fmt(e['score_at_equal_wall'], e['score_at_equal_wall_ci'])} | {fmt(e['wall_s'], e['wall_s_ci'])} | "
-                     f"{e['fps']:.0f} | {100 * e['gossip_share']:.0f} % |")
-    lines += ["", "Mean ± 95 % t-interval over seeds. Raw per-seed rows: "
-              f"[results/{name}/results.csv](results/{name}/results.csv); per setting: "
-              f"[summary.csv](results/{name}/summary.csv).", "", f"![{meta['title']}](results/{name}/figure.png)", ""]
+        lines.append(
+            f"| {setting} | {e['seeds']} | {fmt(e['agents_mean'], e['agents_mean_ci'])} | "
+            f"{fmt(e['agents_min'], e['agents_min_ci'])} | {fmt(e['agents_eval_mean'], e['agents_eval_mean_ci'])} | "
+            f"{fmt(e['consensus_eval'], e['consensus_eval_ci'])} | "
+            f"{fmt(e['score_at_equal_wall'], e['score_at_equal_wall_ci'])} | {fmt(e['wall_s'], e['wall_s_ci'])} | "
+            f"{e['fps']:.0f} | {100 * e['gossip_share']:.0f} % |"
+        )
+    lines += [
+        "",
+        "Mean ± 95 % t-interval over seeds. Raw per-seed rows: "
+        f"[results/{name}/results.csv](results/{name}/results.csv); per setting: "
+        f"[summary.csv](results/{name}/summary.csv).",
+        "",
+        f"![{meta['title']}](results/{name}/figure.png)",
+        "",
+    ]
     if name in NOTES:
         lines += [f"**Note.** {NOTES[name]}", ""]
     lines += ["**What the data says.**", ""] + findings(name, table, t_equal) + time_split_lines(rows, settings) + [""]
@@ -125,10 +161,14 @@ def time_split_lines(rows: list[dict], settings: list[str]) -> list[str]:
         mine = [r for r in rows if r["setting"] == setting]
         if not mine:
             continue
-        ms = {k: sum(1e3 * r[k] / updates_per_agent(r) for r in mine) / len(mine)
-              for k in ("rollout_s", "learn_s", "gossip_wait_s", "mix_s")}
-        parts.append(f"{setting} {sum(ms.values()):.0f} ms (rollout {ms['rollout_s']:.0f}, learn {ms['learn_s']:.0f}, "
-                     f"gossip wait + transfer {ms['gossip_wait_s']:.0f}, mix {ms['mix_s']:.1f})")
+        ms = {
+            k: sum(1e3 * r[k] / updates_per_agent(r) for r in mine) / len(mine)
+            for k in ("rollout_s", "learn_s", "gossip_wait_s", "mix_s")
+        }
+        parts.append(
+            f"{setting} {sum(ms.values()):.0f} ms (rollout {ms['rollout_s']:.0f}, learn {ms['learn_s']:.0f}, "
+            f"gossip wait + transfer {ms['gossip_wait_s']:.0f}, mix {ms['mix_s']:.1f})"
+        )
     return [f"- One agent's update, mean over seeds: {'; '.join(parts)}."]
 
 
@@ -136,13 +176,24 @@ def findings(name: str, table: dict[str, dict], t_equal: float) -> list[str]:
     claim, reference, others = PAPER[name]
     lines = []
     best_frames = max(table.values(), key=lambda e: e["agents_mean"])
-    best_time = max((e for e in table.values() if e["score_at_equal_wall"] is not None
-                     and not math.isnan(e["score_at_equal_wall"])), key=lambda e: e["score_at_equal_wall"], default=None)
-    lines.append(f"- Highest final score at equal frames: **{best_frames['setting']}** "
-                 f"({fmt(best_frames['agents_mean'], best_frames['agents_mean_ci'])}).")
+    best_time = max(
+        (
+            e
+            for e in table.values()
+            if e["score_at_equal_wall"] is not None and not math.isnan(e["score_at_equal_wall"])
+        ),
+        key=lambda e: e["score_at_equal_wall"],
+        default=None,
+    )
+    lines.append(
+        f"- Highest final score at equal frames: **{best_frames['setting']}** "
+        f"({fmt(best_frames['agents_mean'], best_frames['agents_mean_ci'])})."
+    )
     if best_time:
-        lines.append(f"- Highest score at equal wall-clock ({t_equal:.0f} s of training): **{best_time['setting']}** "
-                     f"({fmt(best_time['score_at_equal_wall'], best_time['score_at_equal_wall_ci'])}).")
+        lines.append(
+            f"- Highest score at equal wall-clock ({t_equal:.0f} s of training): **{best_time['setting']}** "
+            f"({fmt(best_time['score_at_equal_wall'], best_time['score_at_equal_wall_ci'])})."
+        )
     fastest = max(table.values(), key=lambda e: e["fps"])
     lines.append(f"- Fastest in frames/s: **{fastest['setting']}** ({fastest['fps']:.0f} frames/s).")
     verdicts = []
@@ -150,8 +201,10 @@ def findings(name: str, table: dict[str, dict], t_equal: float) -> list[str]:
         per_frames = compare(table, reference, other, "agents_mean")
         per_time = compare(table, reference, other, "score_at_equal_wall")
         consensus = compare(table, reference, other, "consensus_eval")
-        lines.append(f"- {reference} vs {other}: at equal frames {per_frames}; at equal wall-clock {per_time}; "
-                     f"consensus policy {consensus}.")
+        lines.append(
+            f"- {reference} vs {other}: at equal frames {per_frames}; at equal wall-clock {per_time}; "
+            f"consensus policy {consensus}."
+        )
         verdicts += [per_frames, per_time]
     measured = [v for v in verdicts if v in ("higher", "lower") or v.startswith("indistinguishable")]
     if not measured:
@@ -173,63 +226,93 @@ def budget_lines(results: Path) -> list[str]:
         return []
     frames = sum(r["frames"] for r in rows)
     seconds = sum(r["wall_s"] for r in rows)
-    return ["**Budget.** The studies' distinct runs (a run shared by two studies counted once): "
-            f"{len(rows)} runs, {frames / 1e6:.1f} M frames in {seconds / 60:.0f} min of wall-clock, "
-            f"{frames / seconds:.0f} frames/s on average including process start-up and evaluation. The frames "
-            "per cell were chosen from a short probe of a 4-agent ring on MinAtar Breakout so that the "
-            "studies fit the two hours the machine was available, most important cells first "
-            "(`experiments/run_all.sh`); that budget is far below what MinAtar agents need to learn well, so "
-            "the scores are early-training scores.", ""]
+    return [
+        "**Budget.** The studies' distinct runs (a run shared by two studies counted once): "
+        f"{len(rows)} runs, {frames / 1e6:.1f} M frames in {seconds / 60:.0f} min of wall-clock, "
+        f"{frames / seconds:.0f} frames/s on average including process start-up and evaluation. The frames "
+        "per cell were chosen from a short probe of a 4-agent ring on MinAtar Breakout so that the "
+        "studies fit the two hours the machine was available, most important cells first "
+        "(`experiments/run_all.sh`); that budget is far below what MinAtar agents need to learn well, so "
+        "the scores are early-training scores.",
+        "",
+    ]
 
 
 def readme_seeds_section(results: Path) -> list[str]:
     path = results / "readme_seeds" / "results.csv"
     cells = sorted((results / "readme_seeds" / "cells").glob("seed*.json"))
-    lines = ["## The README's default command, seed by seed", "",
-             "**Question.** Does `gossiprl run --topology ring --seed S` (CartPole-v1, 4 agents, 2M frames for the whole swarm, "
-             "stop when the pooled last-100 mean reaches 475) solve for every seed, by every definition?", ""]
+    lines = [
+        "## The README's default command, seed by seed",
+        "",
+        "**Question.** Does `gossiprl run --topology ring --seed S` (CartPole-v1, 4 agents, "
+        "2M frames for the whole swarm, stop when the pooled last-100 mean reaches 475) solve for every seed, "
+        "by every definition?",
+        "",
+    ]
     if not cells:
         return lines + ["**Not run** in this checkout.", ""]
-    lines += ["**Setup.** `python -m experiments.readme_seeds --seeds 1,2,3,4,5,6`, run through the CLI as a user "
-              "would, on the shared 2-core VM.", "",
-              "| seed | stopped by | frames (M) | wall-clock (s) | pooled last-100 | each agent's own last-100 | "
-              "every agent solved | consensus eval |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "**Setup.** `python -m experiments.readme_seeds --seeds 1,2,3,4,5,6`, run through the CLI as a user "
+        "would, on the shared 2-core VM.",
+        "",
+        "| seed | stopped by | frames (M) | wall-clock (s) | pooled last-100 | each agent's own last-100 | "
+        "every agent solved | consensus eval |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for p in cells:
         r = json.loads(p.read_text())
-        lines.append(f"| {r['seed']} | {r['stopped_by']} | {r['frames'] / 1e6:.2f} | {r['wall_s']:.0f} | "
-                     f"{r['pooled_last100']:.1f} | {', '.join(f'{v:.0f}' for v in r['per_agent_last100'])} | "
-                     f"{'yes' if r['solved_every_agent'] else 'no'} | {r['consensus_eval']:.1f} |")
+        lines.append(
+            f"| {r['seed']} | {r['stopped_by']} | {r['frames'] / 1e6:.2f} | {r['wall_s']:.0f} | "
+            f"{r['pooled_last100']:.1f} | {', '.join(f'{v:.0f}' for v in r['per_agent_last100'])} | "
+            f"{'yes' if r['solved_every_agent'] else 'no'} | {r['consensus_eval']:.1f} |"
+        )
     pooled = [json.loads(p.read_text())["solved_pooled"] for p in cells]
     every = [json.loads(p.read_text())["solved_every_agent"] for p in cells]
-    lines += ["", f"Solved by the launcher's pooled rule: {sum(pooled)} of {len(cells)} seeds; by every agent's own "
-              f"last-100 mean: {sum(every)} of {len(cells)}." + (f" Raw: [results.csv](results/readme_seeds/results.csv)."
-                                                                  if path.exists() else ""), ""]
+    lines += [
+        "",
+        f"Solved by the launcher's pooled rule: {sum(pooled)} of {len(cells)} seeds; by every agent's own "
+        f"last-100 mean: {sum(every)} of {len(cells)}."
+        + (" Raw: [results.csv](results/readme_seeds/results.csv)." if path.exists() else ""),
+        "",
+    ]
     return lines
 
 
 @click.command()
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RESULTS, show_default=True)
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
-              default=RESULTS.parent / "RESULTS.md", show_default=True)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=RESULTS.parent / "RESULTS.md",
+    show_default=True,
+)
 def main(results, output):
-    lines = ["# gossiprl experiments: results", "",
-             "Generated by `python -m experiments.make_results` from the CSV/JSON files under `experiments/results/`; "
-             "do not edit by hand.", "",
-             "**Machine.** A 2-core VM, no GPU "
-             f"({platform.machine()}, Python {platform.python_version()}), shared with other jobs while these ran: "
-             "every study ran under `nice -n 19` beside other CPU work, so wall-clock and frames/s figures are "
-             "noisy and low. Process start-up is not counted in the wall-clock curves (they use each agent's own "
-             "training clock); it is in 'wall-clock per cell'.", "",
-             "**GPU.** No GPU machine was at hand in this session: the Pong/Breakout GPU runs of the issue "
-             "(8-16 agents vs A2C vs independent, fixed wall-clock) were not done.", "",
-             "**How cells are judged.** Equal total frames per cell for the whole swarm; equal wall-clock is read "
-             "off the curves after T seconds of training, T the shortest of the settings' median training times "
-             "(a cell done before T keeps its final score). Score = each agent's "
-             "own mean return over its last 100 training episodes, averaged over agents (never pooled over agents); "
-             "'worst agent' is the lowest of them. Each agent's final policy and the consensus policy (the plain "
-             "average of all agents' final parameters) are played for fresh episodes (how many: each study's setup) with sampled actions. "
-             "Over seeds: mean ± 95 % Student-t interval; two settings are called different only where the "
-             "intervals do not overlap.", ""]
+    lines = [
+        "# gossiprl experiments: results",
+        "",
+        "Generated by `python -m experiments.make_results` from the CSV/JSON files under `experiments/results/`; "
+        "do not edit by hand.",
+        "",
+        "**Machine.** A 2-core VM, no GPU "
+        f"({platform.machine()}, Python {platform.python_version()}), shared with other jobs while these ran: "
+        "every study ran under `nice -n 19` beside other CPU work, so wall-clock and frames/s figures are "
+        "noisy and low. Process start-up is not counted in the wall-clock curves (they use each agent's own "
+        "training clock); it is in 'wall-clock per cell'.",
+        "",
+        "**GPU.** No GPU machine was at hand in this session: the Pong/Breakout GPU runs of the issue "
+        "(8-16 agents vs A2C vs independent, fixed wall-clock) were not done.",
+        "",
+        "**How cells are judged.** Equal total frames per cell for the whole swarm; equal wall-clock is read "
+        "off the curves after T seconds of training, T the shortest of the settings' median training times "
+        "(a cell done before T keeps its final score). Score = each agent's "
+        "own mean return over its last 100 training episodes, averaged over agents (never pooled over agents); "
+        "'worst agent' is the lowest of them. Each agent's final policy and the consensus policy (the plain "
+        "average of all agents' final parameters) are played for fresh episodes (how many: each study's setup) "
+        "with sampled actions. "
+        "Over seeds: mean ± 95 % Student-t interval; two settings are called different only where the "
+        "intervals do not overlap.",
+        "",
+    ]
     lines += budget_lines(results)
     for name in STUDIES:
         lines += study_section(name, results)

@@ -7,6 +7,7 @@ mean; plus the consensus policy's evaluation. Resumable per seed; one line per s
 
     python -m experiments.readme_seeds --seeds 1,2,3,4,5,6
 """
+
 from __future__ import annotations
 
 import json
@@ -27,11 +28,16 @@ THRESHOLD = 475.0
 
 @click.command()
 @click.option("--seeds", default="1,2,3,4,5,6", show_default=True)
-@click.option("--total-frames", type=click.IntRange(min=1), default=None,
-              help="Per agent; default: the command's own default (2M).")
+@click.option(
+    "--total-frames",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Per agent; default: the command's own default (2M).",
+)
 @click.option("--eval-episodes", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS / "readme_seeds",
-              show_default=True)
+@click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS / "readme_seeds", show_default=True
+)
 def main(seeds, total_frames, eval_episodes, out):
     (out / "cells").mkdir(parents=True, exist_ok=True)
     rows = []
@@ -40,28 +46,48 @@ def main(seeds, total_frames, eval_episodes, out):
         if not row_path.exists():
             run_dir = out / "runs" / f"seed{seed}"
             shutil.rmtree(run_dir, ignore_errors=True)
-            command = [sys.executable, "-m", "gossiprl.cli", "run", "--topology", "ring", "--seed", str(seed),
-                       "--run-dir", str(run_dir)]
+            command = [
+                sys.executable,
+                "-m",
+                "gossiprl.cli",
+                "run",
+                "--topology",
+                "ring",
+                "--seed",
+                str(seed),
+                "--run-dir",
+                str(run_dir),
+            ]
             if total_frames:
                 command += ["--total-frames", str(total_frames)]
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
             summary = json.loads((run_dir / "summary.json").read_text())
             own = [a["mean_return"] for a in summary["per_agent"].values()]
             consensus = evaluate_consensus(run_dir, episodes=eval_episodes)
-            row = {"seed": seed, "command": " ".join(["gossiprl"] + command[3:]),
-                   "stopped_by": summary["stopped_by"], "solved_pooled": summary["stopped_by"].startswith("solved"),
-                   "solved_every_agent": min(own) >= THRESHOLD, "frames": summary["frames"],
-                   "wall_s": summary["wall_seconds"], "pooled_last100": summary["mean_return"],
-                   "per_agent_last100": own, "consensus_eval": consensus["mean"],
-                   "consensus_solved": consensus["mean"] >= THRESHOLD, "eval_episodes": eval_episodes}
+            row = {
+                "seed": seed,
+                "command": " ".join(["gossiprl"] + command[3:]),
+                "stopped_by": summary["stopped_by"],
+                "solved_pooled": summary["stopped_by"].startswith("solved"),
+                "solved_every_agent": min(own) >= THRESHOLD,
+                "frames": summary["frames"],
+                "wall_s": summary["wall_seconds"],
+                "pooled_last100": summary["mean_return"],
+                "per_agent_last100": own,
+                "consensus_eval": consensus["mean"],
+                "consensus_solved": consensus["mean"] >= THRESHOLD,
+                "eval_episodes": eval_episodes,
+            }
             tmp = row_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(row, indent=2))
             os.replace(tmp, row_path)
         row = json.loads(row_path.read_text())
         rows.append(row)
-        click.echo(f"seed {seed}: {row['stopped_by']}; {row['frames'] / 1e6:.2f}M frames {row['wall_s']:.0f}s; "
-                   f"agents' own last-100 {', '.join(f'{v:.0f}' for v in row['per_agent_last100'])}; "
-                   f"consensus eval {row['consensus_eval']:.0f}")
+        click.echo(
+            f"seed {seed}: {row['stopped_by']}; {row['frames'] / 1e6:.2f}M frames {row['wall_s']:.0f}s; "
+            f"agents' own last-100 {', '.join(f'{v:.0f}' for v in row['per_agent_last100'])}; "
+            f"consensus eval {row['consensus_eval']:.0f}"
+        )
     write_csv(out / "results.csv", rows)
 
 

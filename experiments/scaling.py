@@ -5,6 +5,7 @@ agent's time goes (rollout, learn, gossip wait + transfer, mix) per update.
     python -m experiments.scaling            # MinAtar Breakout, 3 seeds
     python -m experiments.scaling --quick    # CartPole smoke test
 """
+
 from __future__ import annotations
 
 from experiments.common import Cell
@@ -24,10 +25,16 @@ def build(quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[
     return cells, settings
 
 
-STUDY = Study("scaling", "Agent-count scaling",
-              "on a fixed pair of cores, does splitting the same frames over more gossiping agents learn "
-              "faster per frame or per second, and where does the time go?", build, real_frames=100_000,
-              time_split=True, quick_settings=2)
+STUDY = Study(
+    "scaling",
+    "Agent-count scaling",
+    "on a fixed pair of cores, does splitting the same frames over more gossiping agents learn "
+    "faster per frame or per second, and where does the time go?",
+    build,
+    real_frames=100_000,
+    time_split=True,
+    quick_settings=2,
+)
 main = command(STUDY)
 
 if __name__ == "__main__":

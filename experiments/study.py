@@ -8,24 +8,42 @@ not a result); without it the study runs on MinAtar Breakout. Into ``--out`` go 
 ``summary.csv`` (per setting: mean and 95 % half-width over seeds), ``study.json`` (what was
 asked: budget, seeds, settings, commands) and ``figure.png``.
 """
+
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import click
 import numpy as np
 
-from experiments.common import (QUICK_ENV, REAL_ENV, Cell, aggregate, cell_key, read_curves, run_study,
-                                swarm_curve, write_csv)
+from experiments.common import (
+    QUICK_ENV,
+    REAL_ENV,
+    Cell,
+    aggregate,
+    cell_key,
+    read_curves,
+    run_study,
+    swarm_curve,
+    write_csv,
+)
 from gossiprl.rl.envs import env_spec
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METRICS = ("agents_mean", "agents_min", "agents_eval_mean", "consensus_eval", "score_at_equal_wall",
-           "wall_s", "fps", "gossip_share")
+METRICS = (
+    "agents_mean",
+    "agents_min",
+    "agents_eval_mean",
+    "consensus_eval",
+    "score_at_equal_wall",
+    "wall_s",
+    "fps",
+    "gossip_share",
+)
 
 
 @dataclass
@@ -46,16 +64,32 @@ def command(study: Study) -> click.Command:
     @click.command(help=f"{study.title}: {study.question}")
     @click.option("--quick", is_flag=True, help=f"{QUICK_ENV}, tiny budget, 2 seeds: checks the pipeline in ~1 min.")
     @click.option("--seeds", default=None, help="Comma-separated seeds [default: 1,2,3; --quick: 1,2].")
-    @click.option("--frames", type=click.IntRange(min=1), default=None,
-                  help=f"Frames per cell for the whole swarm [default: {study.real_frames:,}; --quick: {study.quick_frames:,}].")
+    @click.option(
+        "--frames",
+        type=click.IntRange(min=1),
+        default=None,
+        help=f"Frames per cell for the whole swarm [default: {study.real_frames:,}; --quick: {study.quick_frames:,}].",
+    )
     @click.option("--env", "env_id", default=None, help=f"[default: {REAL_ENV}; --quick: {QUICK_ENV}]")
-    @click.option("--eval-episodes", type=click.IntRange(min=1), default=None,
-                  help="Episodes for each final-policy evaluation [default: 10; --quick: 3].")
-    @click.option("--max-agents", type=click.IntRange(min=1), default=None,
-                  help="Run only the cells of at most this many agents now (the others stay planned, "
-                       "and RESULTS.md lists them as missing until run).")
-    @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-                  help=f"[default: experiments/results/{study.name}, or {study.name}-quick with --quick]")
+    @click.option(
+        "--eval-episodes",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Episodes for each final-policy evaluation [default: 10; --quick: 3].",
+    )
+    @click.option(
+        "--max-agents",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Run only the cells of at most this many agents now (the others stay planned, "
+        "and RESULTS.md lists them as missing until run).",
+    )
+    @click.option(
+        "--out",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help=f"[default: experiments/results/{study.name}, or {study.name}-quick with --quick]",
+    )
     def main(quick, seeds, frames, env_id, eval_episodes, max_agents, out):
         env_id = env_id or (QUICK_ENV if quick else REAL_ENV)
         try:
@@ -69,13 +103,27 @@ def command(study: Study) -> click.Command:
         if not cells:
             raise click.UsageError(f"{study.name}: nothing to run here ({settings or 'no settings'})")
         out.mkdir(parents=True, exist_ok=True)
-        (out / "study.json").write_text(json.dumps({
-            "study": study.name, "title": study.title, "question": study.question, "env": env_id,
-            "threshold": threshold, "frames_per_cell": frames, "seeds": seed_list, "settings": settings,
-            "quick": quick, "command": "python -m experiments." + study.name + " " + " ".join(sys.argv[1:]),
-        }, indent=2))
-        click.echo(f"{study.title}: {len(cells)} cells ({len(settings)} settings x {len(seed_list)} seeds), "
-                   f"{frames:,} frames each on {env_id} -> {out}")
+        (out / "study.json").write_text(
+            json.dumps(
+                {
+                    "study": study.name,
+                    "title": study.title,
+                    "question": study.question,
+                    "env": env_id,
+                    "threshold": threshold,
+                    "frames_per_cell": frames,
+                    "seeds": seed_list,
+                    "settings": settings,
+                    "quick": quick,
+                    "command": "python -m experiments." + study.name + " " + " ".join(sys.argv[1:]),
+                },
+                indent=2,
+            )
+        )
+        click.echo(
+            f"{study.title}: {len(cells)} cells ({len(settings)} settings x {len(seed_list)} seeds), "
+            f"{frames:,} frames each on {env_id} -> {out}"
+        )
         if max_agents is not None:
             cells = [c for c in cells if c.agents <= max_agents]
         rows = run_study(cells, out, env_id, threshold, eval_episodes or (3 if quick else 10), echo=click.echo)
@@ -87,13 +135,14 @@ def command(study: Study) -> click.Command:
 def planned_cells(study: Study, quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:
     cells, settings = study.build(quick, frames, seeds)
     if quick and study.quick_settings:
-        settings = settings[:study.quick_settings]
+        settings = settings[: study.quick_settings]
         cells = [c for c in cells if c.setting in settings]
     return cells, settings
 
 
-def finish(study: Study, out: Path, rows: list[dict], settings: list[str], env_id: str,
-           threshold: float | None) -> None:
+def finish(
+    study: Study, out: Path, rows: list[dict], settings: list[str], env_id: str, threshold: float | None
+) -> None:
     """Tables and the figure from whatever cells exist (resumed or partial studies included)."""
     from experiments.figures import study_figure
 
@@ -101,13 +150,16 @@ def finish(study: Study, out: Path, rows: list[dict], settings: list[str], env_i
     write_csv(out / "results.csv", rows)
     table = aggregate(rows, settings, METRICS)
     write_csv(out / "summary.csv", table)
-    study_figure(out, rows, settings, out / "figure.png", study.title, env_id, time_split=study.time_split,
-                 threshold=threshold)
+    study_figure(
+        out, rows, settings, out / "figure.png", study.title, env_id, time_split=study.time_split, threshold=threshold
+    )
     for entry in table:
-        click.echo(f"  {entry['setting']:28s} seeds {entry['seeds']}  agents' last-100 "
-                   f"{entry['agents_mean']:8.2f} +- {_fmt(entry['agents_mean_ci'])}  consensus eval "
-                   f"{entry['consensus_eval']:8.2f} +- {_fmt(entry['consensus_eval_ci'])}  at equal wall-clock "
-                   f"{entry['score_at_equal_wall']:8.2f}")
+        click.echo(
+            f"  {entry['setting']:28s} seeds {entry['seeds']}  agents' last-100 "
+            f"{entry['agents_mean']:8.2f} +- {_fmt(entry['agents_mean_ci'])}  consensus eval "
+            f"{entry['consensus_eval']:8.2f} +- {_fmt(entry['consensus_eval_ci'])}  at equal wall-clock "
+            f"{entry['score_at_equal_wall']:8.2f}"
+        )
     click.echo(f"tables in {out / 'summary.csv'} and {out / 'results.csv'}, figure {out / 'figure.png'}")
 
 
@@ -128,8 +180,9 @@ def add_equal_wall_score(out: Path, rows: list[dict]) -> None:
     t = min(float(np.median(v)) for v in ends.values()) if ends else 0.0
     for r in rows:
         r["equal_wall_s"] = t
-        value = swarm_curve(curves[cell_key(r["setting"], r["seed"])], "wall_s", np.array([t]), r["agents"],
-                            hold_last=True)[0]
+        value = swarm_curve(
+            curves[cell_key(r["setting"], r["seed"])], "wall_s", np.array([t]), r["agents"], hold_last=True
+        )[0]
         r["score_at_equal_wall"] = None if np.isnan(value) else float(value)
 
 

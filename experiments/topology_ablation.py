@@ -4,14 +4,20 @@ mixing vs independent agents (no gossip, same seeds), at 4 and 8 agents, equal t
     python -m experiments.topology_ablation            # MinAtar Breakout, 3 seeds
     python -m experiments.topology_ablation --quick    # CartPole smoke test
 """
+
 from __future__ import annotations
 
 from experiments.common import Cell
 from experiments.study import Study, command
 from gossiprl.launch import SwarmConfig
 
-TOPOLOGIES = {"ring": ("ring", False), "none": (None, False), "sparse": ("sparse", False),
-              "sparse-tv": ("sparse", True), "full": ("full", False)}
+TOPOLOGIES = {
+    "ring": ("ring", False),
+    "none": (None, False),
+    "sparse": ("sparse", False),
+    "sparse-tv": ("sparse", True),
+    "full": ("full", False),
+}
 """name -> (launcher topology, time-varying); 'none' is independent agents."""
 
 
@@ -26,9 +32,15 @@ def build(quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[
     return cells, settings
 
 
-STUDY = Study("topology_ablation", "Topology ablation",
-              "does the gossip topology (ring, sparse, time-varying sparse, full, or none) change what the "
-              "swarm learns for the same frames and the same time?", build, real_frames=100_000, quick_settings=2)
+STUDY = Study(
+    "topology_ablation",
+    "Topology ablation",
+    "does the gossip topology (ring, sparse, time-varying sparse, full, or none) change what the "
+    "swarm learns for the same frames and the same time?",
+    build,
+    real_frames=100_000,
+    quick_settings=2,
+)
 main = command(STUDY)
 
 if __name__ == "__main__":

@@ -11,14 +11,40 @@ envs, models, policies; torch + gymnasium) -> ``launch``, ``cli``, ``config``, `
 ``load_policy`` (the RL half) is imported on first use, so ``import gossiprl`` still works
 on the comms-only install.
 """
-from .comms import (PROTOCOL_VERSION, Broker, BrokerUnavailable, Gossip, GossipClient, GossipError, GossipTimeout,
-                    MixResult, PublishResult, WireError, load_tensors, mix)
+
+from .comms import (
+    PROTOCOL_VERSION,
+    Broker,
+    BrokerUnavailable,
+    Gossip,
+    GossipClient,
+    GossipError,
+    GossipTimeout,
+    MixResult,
+    PublishResult,
+    WireError,
+    load_tensors,
+    mix,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["Broker", "GossipClient", "Gossip", "mix", "load_tensors", "MixResult", "PublishResult",
-           "WireError", "GossipError", "BrokerUnavailable", "GossipTimeout", "PROTOCOL_VERSION", "__version__",
-           "load_policy"]
+__all__ = [
+    "Broker",
+    "GossipClient",
+    "Gossip",
+    "mix",
+    "load_tensors",
+    "MixResult",
+    "PublishResult",
+    "WireError",
+    "GossipError",
+    "BrokerUnavailable",
+    "GossipTimeout",
+    "PROTOCOL_VERSION",
+    "__version__",
+    "load_policy",
+]
 
 
 def __getattr__(name: str):

@@ -1,4 +1,5 @@
 """The `gossiprl` command: a thin click layer over functions you can also import."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,8 @@ TOPOLOGY_HELP = f"{', '.join(topologies.NAMES)}, or a .npy/.csv file holding a r
 
 
 TOPOLOGY_SETTINGS = config.Settings(
-    "topology", config.settings_of("swarm", only=("peers", "time_varying", "peers_per_round", "topology_options")))
+    "topology", config.settings_of("swarm", only=("peers", "time_varying", "peers_per_round", "topology_options"))
+)
 """The flags every command that builds a topology takes; SwarmConfig declares them."""
 
 BROKER_SETTINGS = config.Settings("broker", config.settings_of("swarm", only=("mode", "max_staleness", "data_plane")))
@@ -32,8 +34,9 @@ def load_topology(spec: str, n: int | None, peers=None, time_varying=False, peer
     if spec in topologies.NAMES and n is None:
         raise click.BadParameter(f"the {spec} topology needs the number of agents", param_hint="--agents")
     try:
-        return topologies.from_spec(spec, n, peers=peers, time_varying=time_varying, peers_per_round=peers_per_round,
-                                    **(options or {}))
+        return topologies.from_spec(
+            spec, n, peers=peers, time_varying=time_varying, peers_per_round=peers_per_round, **(options or {})
+        )
     except topologies.TopologyError as err:
         raise click.BadParameter(str(err), param_hint="--topology") from None
 
@@ -48,34 +51,84 @@ def main(verbose: int) -> None:
 
 # ------------------------------------------------------------------ broker
 
+
 @main.command()
-@click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True,
-              help="ZeroMQ endpoint to bind (tcp://HOST:PORT or ipc://PATH).")
+@click.option(
+    "--bind",
+    default="tcp://127.0.0.1:5555",
+    show_default=True,
+    help="ZeroMQ endpoint to bind (tcp://HOST:PORT or ipc://PATH).",
+)
 @click.option("--topology", "topology_spec", default="ring", show_default=True, help=TOPOLOGY_HELP)
 @click.option("--agents", "-n", type=click.IntRange(min=1), help="Number of agents (ranks 0..N-1).")
 @TOPOLOGY_SETTINGS.options
 @BROKER_SETTINGS.options
-@click.option("--peer-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
-              help="Seconds of silence before an agent is unregistered.")
-@click.option("--stats-every", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="Print a line of broker stats every this many seconds (0: never).")
+@click.option(
+    "--peer-timeout",
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    help="Seconds of silence before an agent is unregistered.",
+)
+@click.option(
+    "--stats-every",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Print a line of broker stats every this many seconds (0: never).",
+)
 @click.option("--stats-json", is_flag=True, help="Print the stats as full JSON (as -v does) instead of one short line.")
-@click.option("--exit-when-done", is_flag=True,
-              help="Exit once every rank has registered and then left with BYE (the swarm finished), e.g. for "
-                   "a broker started with & beside its agents.")
-@click.option("--curve-secret", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="The broker's CURVE secret key (broker.key_secret from `gossiprl keys generate`).")
-@click.option("--curve-allow", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Directory of the agents' public keys (*.key) the broker admits.")
-@click.option("--insecure", is_flag=True,
-              help="Bind a non-loopback address without CURVE keys (only on a network you trust).")
-@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
-              help="Serve the stats over HTTP on this port: /metrics (Prometheus) and /stats (for `gossiprl top`).")
-@click.option("--metrics-bind", default="127.0.0.1", show_default=True,
-              help="Address the stats server binds (anything wider lets others on that network read the stats).")
-def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, topology_options, mode, max_staleness,
-           peer_timeout, stats_every, stats_json, exit_when_done, curve_secret, curve_allow, insecure, data_plane,
-           metrics_port, metrics_bind):
+@click.option(
+    "--exit-when-done",
+    is_flag=True,
+    help="Exit once every rank has registered and then left with BYE (the swarm finished), e.g. for "
+    "a broker started with & beside its agents.",
+)
+@click.option(
+    "--curve-secret",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The broker's CURVE secret key (broker.key_secret from `gossiprl keys generate`).",
+)
+@click.option(
+    "--curve-allow",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Directory of the agents' public keys (*.key) the broker admits.",
+)
+@click.option(
+    "--insecure", is_flag=True, help="Bind a non-loopback address without CURVE keys (only on a network you trust)."
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    help="Serve the stats over HTTP on this port: /metrics (Prometheus) and /stats (for `gossiprl top`).",
+)
+@click.option(
+    "--metrics-bind",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the stats server binds (anything wider lets others on that network read the stats).",
+)
+def broker(
+    bind,
+    topology_spec,
+    agents,
+    peers,
+    time_varying,
+    peers_per_round,
+    topology_options,
+    mode,
+    max_staleness,
+    peer_timeout,
+    stats_every,
+    stats_json,
+    exit_when_done,
+    curve_secret,
+    curve_allow,
+    insecure,
+    data_plane,
+    metrics_port,
+    metrics_bind,
+):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
     from .comms.broker import Broker, stats_line
     from .comms.keys import check_endpoint
@@ -89,14 +142,24 @@ def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, to
         raise click.UsageError("--curve-secret and --curve-allow go together (the broker's key and the agents' keys)")
     curve = (curve_secret, curve_allow) if curve_secret is not None else None
     try:
-        b = Broker(topo, bind=bind, mode=mode, max_staleness=max_staleness, peer_timeout=peer_timeout,
-                   curve=curve, insecure=insecure, data_plane=data_plane)
+        b = Broker(
+            topo,
+            bind=bind,
+            mode=mode,
+            max_staleness=max_staleness,
+            peer_timeout=peer_timeout,
+            curve=curve,
+            insecure=insecure,
+            data_plane=data_plane,
+        )
     except (ValueError, OSError) as err:  # a non-loopback bind without keys; a missing or malformed key
         raise click.ClickException(str(err)) from None
     except Exception as err:  # zmq bind errors: address in use, bad endpoint
         raise click.ClickException(f"cannot bind {bind}: {err}") from None
-    click.echo(f"gossiprl broker on {b.address}: {topo.name} topology, {topo.n} agents, {mode} mode"
-               + (", CURVE keys required" if curve else ""))
+    click.echo(
+        f"gossiprl broker on {b.address}: {topo.name} topology, {topo.n} agents, {mode} mode"
+        + (", CURVE keys required" if curve else "")
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     b.start()
     stats_server = None
@@ -113,8 +176,10 @@ def broker(bind, topology_spec, agents, peers, time_varying, peers_per_round, to
         except OSError as err:
             b.close()
             raise click.ClickException(f"cannot serve stats on {metrics_bind}:{metrics_port}: {err.strerror}") from None
-        click.echo(f"stats on {stats_server.address}/metrics (Prometheus) and /stats; "
-                   f"watch with `gossiprl top {stats_server.address}`")
+        click.echo(
+            f"stats on {stats_server.address}/metrics (Prometheus) and /stats; "
+            f"watch with `gossiprl top {stats_server.address}`"
+        )
     as_json = stats_json or click.get_current_context().find_root().params["verbose"] > 0
     next_stats = time.monotonic() + stats_every
     try:
@@ -141,12 +206,18 @@ DONE_POLL_S = 0.5
 
 @main.command()
 @click.argument("address")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
-              help="Seconds between views; rates are measured over it.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between views; rates are measured over it.",
+)
 @click.option("--once", is_flag=True, help="Print one view and exit.")
 def top(address, interval, once):
     """Live view of a broker started with --metrics-port: ADDRESS is its stats server, e.g. 127.0.0.1:9100."""
-    from .monitor import fetch_stats, top as show
+    from .monitor import fetch_stats
+    from .monitor import top as show
 
     try:
         import rich  # noqa: F401
@@ -155,8 +226,9 @@ def top(address, interval, once):
     try:
         fetch_stats(address)
     except (OSError, ValueError) as err:
-        raise click.ClickException(f"no broker stats at {address} ({err}): start the broker with "
-                                   f"--metrics-port and give its HOST:PORT") from None
+        raise click.ClickException(
+            f"no broker stats at {address} ({err}): start the broker with --metrics-port and give its HOST:PORT"
+        ) from None
     try:
         show(address, interval, once)
     except KeyboardInterrupt:
@@ -165,6 +237,7 @@ def top(address, interval, once):
 
 # ------------------------------------------------------------------ keys
 
+
 @main.group()
 def keys():
     """CurveZMQ keys that let only your agents talk to your broker."""
@@ -172,8 +245,14 @@ def keys():
 
 @keys.command("generate")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--name", "names", multiple=True, default=("broker", "agent"), show_default=True,
-              help="Key pair to make, NAME.key (public) and NAME.key_secret (mode 0600); repeat for several.")
+@click.option(
+    "--name",
+    "names",
+    multiple=True,
+    default=("broker", "agent"),
+    show_default=True,
+    help="Key pair to make, NAME.key (public) and NAME.key_secret (mode 0600); repeat for several.",
+)
 def keys_generate(directory, names):
     """Make CURVE key pairs in DIRECTORY (created with mode 0700; existing keys are never overwritten)."""
     from .comms import keys as keyfiles
@@ -184,11 +263,14 @@ def keys_generate(directory, names):
         except (ValueError, OSError) as err:
             raise click.ClickException(str(err)) from None
         click.echo(f"{name}: public {public}, secret {secret}")
-    click.echo("broker: --curve-secret BROKER.key_secret --curve-allow DIR_OF_AGENT_PUBLIC_KEYS; "
-               "agents: --curve-secret AGENT.key_secret --curve-broker BROKER.key")
+    click.echo(
+        "broker: --curve-secret BROKER.key_secret --curve-allow DIR_OF_AGENT_PUBLIC_KEYS; "
+        "agents: --curve-secret AGENT.key_secret --curve-broker BROKER.key"
+    )
 
 
 # ------------------------------------------------------------------ topology
+
 
 @main.group()
 def topology():
@@ -203,9 +285,11 @@ def topology():
 def topology_show(spec, agents, peers, time_varying, peers_per_round, topology_options, plot_path):
     """Print a topology's mixing matrix, peers, and how fast it reaches consensus."""
     if spec in topologies.NAMES and agents > MAX_SHOWN_AGENTS:
-        raise click.BadParameter(f"{agents} agents is more than `topology show` builds ({MAX_SHOWN_AGENTS}: its "
-                                 "matrices are dense n x n); query such a swarm with topologies.make() in Python",
-                                 param_hint="-n")
+        raise click.BadParameter(
+            f"{agents} agents is more than `topology show` builds ({MAX_SHOWN_AGENTS}: its "
+            "matrices are dense n x n); query such a swarm with topologies.make() in Python",
+            param_hint="-n",
+        )
     n = None if spec not in topologies.NAMES and Path(spec).is_file() else agents
     topo = load_topology(spec, n, peers, time_varying, peers_per_round, topology_options)
     try:
@@ -221,8 +305,9 @@ def topology_show(spec, agents, peers, time_varying, peers_per_round, topology_o
 
 @topology.command("table")
 @click.option("--sizes", default="8,16,64", show_default=True, help="Comma-separated swarm sizes.")
-@click.option("--peers-per-round", type=click.IntRange(min=1), default=1, show_default=True,
-              help="For the GALA/SGP families.")
+@click.option(
+    "--peers-per-round", type=click.IntRange(min=1), default=1, show_default=True, help="For the GALA/SGP families."
+)
 def topology_table(sizes, peers_per_round):
     """A Markdown table of every named family: letters per round, contraction per period, rounds to 1%."""
     from topologies.diagnostics import table
@@ -230,8 +315,9 @@ def topology_table(sizes, peers_per_round):
     try:
         ns = [int(s) for s in sizes.split(",")]
     except ValueError:
-        raise click.BadParameter(f"{sizes!r}: give sizes as integers separated by commas, e.g. 8,16,64",
-                                 param_hint="--sizes") from None
+        raise click.BadParameter(
+            f"{sizes!r}: give sizes as integers separated by commas, e.g. 8,16,64", param_hint="--sizes"
+        ) from None
 
     def build(name, n):
         options = {"peers_per_round": peers_per_round} if "peers_per_round" in topologies.options(name) else {}
@@ -243,8 +329,8 @@ def topology_table(sizes, peers_per_round):
 MAX_SHOWN_AGENTS = 4096
 
 
-
 # ------------------------------------------------------------------ bench
+
 
 @main.group()
 def bench():
@@ -252,10 +338,19 @@ def bench():
 
 
 @bench.command("comms")
-@click.option("--agents", default="2,4,8,16", show_default=True,
-              help="Comma-separated ring sizes for the per-round overhead table ('' to skip).")
-@click.option("--params", type=click.IntRange(min=1), default=1_687_719, show_default=True,
-              help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).")
+@click.option(
+    "--agents",
+    default="2,4,8,16",
+    show_default=True,
+    help="Comma-separated ring sizes for the per-round overhead table ('' to skip).",
+)
+@click.option(
+    "--params",
+    type=click.IntRange(min=1),
+    default=1_687_719,
+    show_default=True,
+    help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).",
+)
 @click.option("--rounds", type=click.IntRange(min=1), default=30, show_default=True)
 @click.option("--transport", type=click.Choice(["tcp", "ipc"]), default="tcp", show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
@@ -267,7 +362,9 @@ def bench_comms(agents, params, rounds, transport, json_path, planes_only):
     try:
         ring = [int(a) for a in agents.split(",") if a.strip()]
     except ValueError:
-        raise click.BadParameter(f"{agents!r}: give comma-separated integers like 2,4,8", param_hint="--agents")
+        raise click.BadParameter(
+            f"{agents!r}: give comma-separated integers like 2,4,8", param_hint="--agents"
+        ) from None
     if any(a < 2 for a in ring):
         raise click.BadParameter("ring sizes must be >= 2", param_hint="--agents")
     from .bench import planes
@@ -280,8 +377,13 @@ def bench_comms(agents, params, rounds, transport, json_path, planes_only):
 
 
 @bench.command("mix")
-@click.option("--params", type=click.IntRange(min=1), default=1_687_719, show_default=True,
-              help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).")
+@click.option(
+    "--params",
+    type=click.IntRange(min=1),
+    default=1_687_719,
+    show_default=True,
+    help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).",
+)
 @click.option("--reps", type=click.IntRange(min=1), default=50, show_default=True)
 def bench_mix(params, reps):
     """Mixing one letter in against a plain axpy over the same bytes, timed alternately in one run."""
@@ -291,22 +393,32 @@ def bench_mix(params, reps):
     for cache in ("hot", "cold"):
         rows.append((f"numpy array, {cache}", bc.measure_mix(params, reps, cold=cache == "cold")))
         try:
-            rows.append((f"torch CPU tensor, {cache}",
-                         bc.measure_mix(params, reps, torch_tensor=True, cold=cache == "cold")))
+            rows.append(
+                (f"torch CPU tensor, {cache}", bc.measure_mix(params, reps, torch_tensor=True, cold=cache == "cold"))
+            )
         except ImportError:
             pass
-    click.echo(f"{params:,} float32 = {params * 4 / 1e6:.2f} MB, median of {reps}; hot: one pair of arrays that "
-               f"stays in cache, cold: pairs over {bc.COLD_BYTES >> 20} MiB, as a letter that has just arrived")
+    click.echo(
+        f"{params:,} float32 = {params * 4 / 1e6:.2f} MB, median of {reps}; hot: one pair of arrays that "
+        f"stays in cache, cold: pairs over {bc.COLD_BYTES >> 20} MiB, as a letter that has just arrived"
+    )
     for label, r in rows:
-        click.echo(f"  mix ({label}) {r['mix_ms']:.3f} ms, axpy (x += m; x *= 0.5) {r['axpy_ms']:.3f} ms: "
-                   f"{r['ratio']:.2f}x (target <= 2x)")
+        click.echo(
+            f"  mix ({label}) {r['mix_ms']:.3f} ms, axpy (x += m; x *= 0.5) {r['axpy_ms']:.3f} ms: "
+            f"{r['ratio']:.2f}x (target <= 2x)"
+        )
 
 
 @bench.command("scale")
 @click.option("--hosts", default="2,4,8,16", show_default=True, help="Comma-separated numbers of hosts (ring sizes).")
 @click.option("--rate", default="1gbit", show_default=True, help="Each host link's rate each way (tc tbf syntax).")
-@click.option("--params", type=click.IntRange(min=1), default=1_687_719, show_default=True,
-              help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).")
+@click.option(
+    "--params",
+    type=click.IntRange(min=1),
+    default=1_687_719,
+    show_default=True,
+    help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).",
+)
 @click.option("--rounds", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="scale.png", show_default=True)
 @click.option("--quick", is_flag=True, help="n = 2, 4 with 100,000 values and 5 rounds: a smoke run.")
@@ -318,7 +430,7 @@ def bench_scale(hosts, rate, params, rounds, plot_path, quick, json_path):
     try:
         ns = [int(h) for h in hosts.split(",") if h.strip()]
     except ValueError:
-        raise click.BadParameter(f"{hosts!r}: give comma-separated integers like 2,4,8", param_hint="--hosts")
+        raise click.BadParameter(f"{hosts!r}: give comma-separated integers like 2,4,8", param_hint="--hosts") from None
     if not ns or any(h < 2 for h in ns):
         raise click.BadParameter("host counts must be >= 2", param_hint="--hosts")
     if quick:
@@ -329,16 +441,23 @@ def bench_scale(hosts, rate, params, rounds, plot_path, quick, json_path):
 
 
 BENCH_TRAIN_SETTINGS = config.Settings(
-    "bench train", config.settings_of("agent", only=("env_id", "num_envs", "device")),
+    "bench train",
+    config.settings_of("agent", only=("env_id", "num_envs", "device")),
     config.settings_of("swarm", only=("agents", "topology", "mode", "codec", "data_plane")),
-    defaults={"env_id": "ALE/Pong-v5", "agents": 2})
+    defaults={"env_id": "ALE/Pong-v5", "agents": 2},
+)
 """The benchmark measures what the papers train, an Atari game, on the smallest swarm that gossips."""
 
 
 @bench.command("train")
 @BENCH_TRAIN_SETTINGS.options
-@click.option("--seconds", type=click.FloatRange(min=1), default=60, show_default=True,
-              help="How long the swarm trains (the ceiling is measured for up to 20 s).")
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=1),
+    default=60,
+    show_default=True,
+    help="How long the swarm trains (the ceiling is measured for up to 20 s).",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
 @click.pass_context
 def bench_train(ctx, seconds, json_path, **_):
@@ -352,8 +471,12 @@ def bench_train(ctx, seconds, json_path, **_):
     check_device(values["device"])
     check_env(values["env_id"])
     try:
-        result = bt.run(BENCH_TRAIN_SETTINGS.build(launch.SwarmConfig, values),
-                        BENCH_TRAIN_SETTINGS.build(AgentConfig, values), seconds, echo=click.echo)
+        result = bt.run(
+            BENCH_TRAIN_SETTINGS.build(launch.SwarmConfig, values),
+            BENCH_TRAIN_SETTINGS.build(AgentConfig, values),
+            seconds,
+            echo=click.echo,
+        )
     except launch.RunError as err:
         raise click.ClickException(str(err)) from None
     if json_path:
@@ -364,22 +487,29 @@ def bench_train(ctx, seconds, json_path, **_):
 # ------------------------------------------------------------------ training
 
 RUN_SETTINGS = config.Settings(
-    "run", config.settings_of("swarm"),
-    config.settings_of("agent", exclude=("total_frames", "agents_per_host", "stop_at_return")))
+    "run",
+    config.settings_of("swarm"),
+    config.settings_of("agent", exclude=("total_frames", "agents_per_host", "stop_at_return")),
+)
 """A swarm's settings and its agents'. The swarm's budget, size and stop rule take the place of
 the agents' own: launch.run gives each agent total_frames // agents and agents_per_host = agents."""
 
 AGENT_SETTINGS = config.Settings(
-    "agent", config.settings_of("agent", exclude=("stop_at_return",)),
-    config.settings_of("swarm", only=("codec", "gossip_timeout")))
+    "agent",
+    config.settings_of("agent", exclude=("stop_at_return",)),
+    config.settings_of("swarm", only=("codec", "gossip_timeout")),
+)
 """One agent's settings, and the two of the swarm's that are the agent's to follow."""
 
 
 def run_dir_options(fn):
     """Where a training command writes, and whether it continues what is there."""
     fn = click.option("--resume", is_flag=True, help="Continue the run in --run-dir from its checkpoints.")(fn)
-    return click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
-                        help="Where the run writes (default runs/ENV__TOPOLOGY__SEED__TIME).")(fn)
+    return click.option(
+        "--run-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Where the run writes (default runs/ENV__TOPOLOGY__SEED__TIME).",
+    )(fn)
 
 
 def require_rl(command: str) -> None:
@@ -388,8 +518,10 @@ def require_rl(command: str) -> None:
         import gymnasium  # noqa: F401
         import torch  # noqa: F401
     except ImportError as err:
-        raise click.ClickException(f"`gossiprl {command}` needs {err.name}, which is not installed: "
-                                   "install the rl extra: pip install -e '.[rl]'") from None
+        raise click.ClickException(
+            f"`gossiprl {command}` needs {err.name}, which is not installed: "
+            "install the rl extra: pip install -e '.[rl]'"
+        ) from None
 
 
 def require_prometheus() -> None:
@@ -404,8 +536,9 @@ def check_device(device: str) -> None:
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
-        raise click.BadParameter("no CUDA GPU is visible to torch on this host; use --device cpu or auto",
-                                 param_hint="--device")
+        raise click.BadParameter(
+            "no CUDA GPU is visible to torch on this host; use --device cpu or auto", param_hint="--device"
+        )
 
 
 def check_env(env_id: str):
@@ -441,12 +574,18 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 @RUN_SETTINGS.options
 @run_dir_options
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show the progress line.")
-@click.option("--track", is_flag=True,
-              help="Mirror the swarm's TensorBoard run (RUN_DIR/swarm) to Weights & Biases (the track extra).")
+@click.option(
+    "--track",
+    is_flag=True,
+    help="Mirror the swarm's TensorBoard run (RUN_DIR/swarm) to Weights & Biases (the track extra).",
+)
 @click.option("--wandb-project", default="gossiprl", show_default=True, help="W&B project, with --track.")
 @click.option("--wandb-entity", help="W&B entity (user or team), with --track; default: your W&B default.")
-@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
-              help="Serve the broker's stats on 127.0.0.1:PORT (/metrics for Prometheus, `gossiprl top`).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    help="Serve the broker's stats on 127.0.0.1:PORT (/metrics for Prometheus, `gossiprl top`).",
+)
 @click.pass_context
 def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb_entity, metrics_port, **_):
     """Train a swarm of gossiping A2C agents on this host (broker + one process per agent).
@@ -458,21 +597,27 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
     from . import launch
     from .rl.settings import AgentConfig
 
-    values = (config.resume_values(ctx, RUN_SETTINGS, run_dir, config_file) if resume
-              else config.file_values(ctx, RUN_SETTINGS, config_file))
+    values = (
+        config.resume_values(ctx, RUN_SETTINGS, run_dir, config_file)
+        if resume
+        else config.file_values(ctx, RUN_SETTINGS, config_file)
+    )
     swarm = RUN_SETTINGS.build(launch.SwarmConfig, values)
     cfg = RUN_SETTINGS.build(AgentConfig, values)
     check_device(cfg.device)
     threshold = check_env(cfg.env_id)
     if swarm.topology is not None:
-        load_topology(swarm.topology, swarm.agents, swarm.peers, swarm.time_varying, swarm.peers_per_round,
-                      swarm.topology_options)
+        load_topology(
+            swarm.topology, swarm.agents, swarm.peers, swarm.time_varying, swarm.peers_per_round, swarm.topology_options
+        )
     if swarm.stop_at_return == "auto":
         swarm = replace(swarm, stop_at_return=threshold)
     run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed)
     layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "plain A2C (no gossip)"
-    click.echo(f"{swarm.agents} agent(s) on {cfg.env_id}, {layout}; run dir {run_dir}"
-               + (f"; stops at mean return {swarm.stop_at_return}" if swarm.stop_at_return is not None else ""))
+    click.echo(
+        f"{swarm.agents} agent(s) on {cfg.env_id}, {layout}; run dir {run_dir}"
+        + (f"; stops at mean return {swarm.stop_at_return}" if swarm.stop_at_return is not None else "")
+    )
     if metrics_port is not None:
         require_prometheus()
     if track:
@@ -482,17 +627,26 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
             raise click.ClickException("--track needs wandb: pip install 'gossiprl[track]'") from None
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill gets the same clean stop as Ctrl-C
     try:
-        summary = launch.run(swarm, cfg, run_dir, resume=resume, echo=click.echo, show_progress=progress,
-                             track={"project": wandb_project, "entity": wandb_entity} if track else None,
-                             metrics_port=metrics_port)
+        summary = launch.run(
+            swarm,
+            cfg,
+            run_dir,
+            resume=resume,
+            echo=click.echo,
+            show_progress=progress,
+            track={"project": wandb_project, "entity": wandb_entity} if track else None,
+            metrics_port=metrics_port,
+        )
     except (launch.RunError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     if summary["solved_at"]:
         at = summary["solved_at"]
         click.echo(f"solved after {at['frames']:,} frames and {at['wall_seconds']:.1f}s")
-    click.echo(f"done ({summary['stopped_by']}): {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
-               f"({summary['fps']:,.0f} frames/s), {_returns_line(summary)}, "
-               f"{100 * summary['gossip_share']:.1f}% of time in gossip")
+    click.echo(
+        f"done ({summary['stopped_by']}): {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
+        f"({summary['fps']:,.0f} frames/s), {_returns_line(summary)}, "
+        f"{100 * summary['gossip_share']:.1f}% of time in gossip"
+    )
     if summary["failed"]:
         for rank, why in summary["failed"].items():
             click.echo(f"agent-{rank} failed: {why}", err=True)
@@ -528,23 +682,41 @@ def _interrupted_status(signum: int) -> int:
 
 @main.command()
 @click.option("--connect", required=True, help="The broker's endpoint, e.g. tcp://HOST:5555.")
-@click.option("--rank", type=click.IntRange(min=0),
-              help="This agent's rank; default from RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK.")
-@click.option("--curve-secret", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="This agent's CURVE secret key (NAME.key_secret), for a broker that requires keys.")
-@click.option("--curve-broker", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="The broker's public key (broker.key).")
-@click.option("--progress-every", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              help="Seconds between progress lines (frames, frames/s, return, gossip share); 0: none.")
-@click.option("--stop-at-return", default="auto", show_default=True,
-              help="Stop once THIS agent's last 100 episodes average this; 'auto': the env's reward threshold, "
-                   "'none': never.")
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    help="This agent's rank; default from RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK.",
+)
+@click.option(
+    "--curve-secret",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="This agent's CURVE secret key (NAME.key_secret), for a broker that requires keys.",
+)
+@click.option(
+    "--curve-broker",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The broker's public key (broker.key).",
+)
+@click.option(
+    "--progress-every",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Seconds between progress lines (frames, frames/s, return, gossip share); 0: none.",
+)
+@click.option(
+    "--stop-at-return",
+    default="auto",
+    show_default=True,
+    help="Stop once THIS agent's last 100 episodes average this; 'auto': the env's reward threshold, 'none': never.",
+)
 @config.config_option
 @AGENT_SETTINGS.options
 @run_dir_options
 @click.pass_context
-def agent(ctx, connect, rank, curve_secret, curve_broker, progress_every, stop_at_return, config_file, run_dir, resume,
-          **_):
+def agent(
+    ctx, connect, rank, curve_secret, curve_broker, progress_every, stop_at_return, config_file, run_dir, resume, **_
+):
     """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
 
     --total-frames is this agent's own budget here."""
@@ -578,8 +750,10 @@ def agent(ctx, connect, rank, curve_secret, curve_broker, progress_every, stop_a
     per_host = launch.local_size_from_environment(cfg.agents_per_host)
     cfg = replace(cfg, agents_per_host=per_host or 1, stop_at_return=target)
     run_dir = run_dir or Path("runs") / "agents"
-    click.echo(f"agent-{rank} -> broker {connect}; run dir {run_dir}"
-               + (f"; stops at mean return {target:g} (its own last 100 episodes)" if target is not None else ""))
+    click.echo(
+        f"agent-{rank} -> broker {connect}; run dir {run_dir}"
+        + (f"; stops at mean return {target:g} (its own last 100 episodes)" if target is not None else "")
+    )
     stop = threading.Event()  # SIGTERM (scancel) or Ctrl-C: finish the update, checkpoint, leave
     received = []
 
@@ -590,18 +764,39 @@ def agent(ctx, connect, rank, curve_secret, curve_broker, progress_every, stop_a
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     try:
-        summary = launch.run_agent(connect, rank, cfg, run_dir, resume=resume, codec=values["codec"],
-                                   gossip_timeout=values["gossip_timeout"], stop=stop, echo=click.echo, curve=curve,
-                                   progress_every=progress_every, size_from_swarm=per_host is None)
+        summary = launch.run_agent(
+            connect,
+            rank,
+            cfg,
+            run_dir,
+            resume=resume,
+            codec=values["codec"],
+            gossip_timeout=values["gossip_timeout"],
+            stop=stop,
+            echo=click.echo,
+            curve=curve,
+            progress_every=progress_every,
+            size_from_swarm=per_host is None,
+        )
     except (launch.RunError, FileNotFoundError, CheckpointError) as err:
         if received:  # stopped while waiting for the broker: say so, and exit as interrupted
             click.echo(str(err), err=True)
             sys.exit(_interrupted_status(received[0]))
         raise click.ClickException(str(err)) from None
-    click.echo(f"agent-{rank} done: {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
-               f"({summary['fps']:,.0f} frames/s), {_returns_line(summary)}")
-    click.echo(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v  # JSON has no NaN
-                           for k, v in summary.items() if not isinstance(v, dict)}, default=str))
+    click.echo(
+        f"agent-{rank} done: {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
+        f"({summary['fps']:,.0f} frames/s), {_returns_line(summary)}"
+    )
+    click.echo(
+        json.dumps(
+            {
+                k: None if isinstance(v, float) and math.isnan(v) else v  # JSON has no NaN
+                for k, v in summary.items()
+                if not isinstance(v, dict)
+            },
+            default=str,
+        )
+    )
     if received:
         sys.exit(_interrupted_status(received[0]))
 
@@ -612,10 +807,19 @@ def agent(ctx, connect, rank, curve_secret, curve_broker, progress_every, stop_a
 @click.option("--greedy", is_flag=True, help="argmax actions instead of sampling from the policy.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option("--video", "video_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Also record MP4s here: DIR/consensus/ and DIR/agent-<rank>/.")
-@click.option("--video-episodes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Episodes recorded per policy with --video.")
+@click.option(
+    "--video",
+    "video_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also record MP4s here: DIR/consensus/ and DIR/agent-<rank>/.",
+)
+@click.option(
+    "--video-episodes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Episodes recorded per policy with --video.",
+)
 def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episodes):
     """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
     require_rl("eval")
@@ -633,10 +837,11 @@ def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episod
         from .rl.policy import load_policy, record_videos
 
         for agent in ["consensus", *sorted(result["agents"])]:
-            files = record_videos(load_policy(run_dir, agent, device), video_dir, video_episodes,
-                                  deterministic=greedy)
-            click.echo(f"video: {len(files)} episode(s) in {files[0].parent}" if files else
-                       f"video: none written for {agent}", err=as_json)
+            files = record_videos(load_policy(run_dir, agent, device), video_dir, video_episodes, deterministic=greedy)
+            click.echo(
+                f"video: {len(files)} episode(s) in {files[0].parent}" if files else f"video: none written for {agent}",
+                err=as_json,
+            )
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -645,8 +850,10 @@ def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episod
     o = result["overall"]
     click.echo(f"overall: {o['mean']:.1f} +- {o['std']:.1f} over {o['episodes']} episodes")
     c = result["consensus"]
-    click.echo(f"consensus (mean of the {c['agents']} agents' parameters): {c['mean']:.1f} +- {c['std']:.1f} "
-               f"over {len(c['returns'])} episodes")
+    click.echo(
+        f"consensus (mean of the {c['agents']} agents' parameters): {c['mean']:.1f} +- {c['std']:.1f} "
+        f"over {len(c['returns'])} episodes"
+    )
 
 
 @main.command()

@@ -20,6 +20,7 @@ function from the flag's text or a file's value to the field's value, raising Va
 says what is valid), ``cli_default`` (the command's default, where it deliberately differs from
 the library's) and ``may_change_on_resume``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -56,8 +57,13 @@ def field_docs(cls) -> dict[str, str]:
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
     for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
@@ -100,16 +106,22 @@ class Setting:
         if self.kind is bool:
             decls[0] = f"{self.flag}/--no-{self.flag[2:]}"
         elif self.kind is dict:
-            attrs.update(multiple=True, type=KeyInteger(), default=tuple(default.items()), show_default=False,
-                         callback=lambda ctx, param, pairs: dict(pairs))
+            attrs.update(
+                multiple=True,
+                type=KeyInteger(),
+                default=tuple(default.items()),
+                show_default=False,
+                callback=lambda ctx, param, pairs: dict(pairs),
+            )
         elif "parse" in meta:
             attrs["type"] = Parsed(meta["parse"], meta.get("metavar", self.kind.__name__.upper()))
         elif "choices" in meta:
             attrs["type"] = click.Choice(meta["choices"])
         elif self.kind in (int, float):
             bounds = {k: meta[k] for k in ("min", "max", "min_open", "max_open") if k in meta}
-            attrs["type"] = ((click.IntRange if self.kind is int else click.FloatRange)(**bounds) if bounds
-                             else self.kind)
+            attrs["type"] = (
+                (click.IntRange if self.kind is int else click.FloatRange)(**bounds) if bounds else self.kind
+            )
         if "metavar" in meta and "parse" not in meta:
             attrs["metavar"] = meta["metavar"]
         return click.option(*decls, **attrs)
@@ -262,8 +274,10 @@ class Settings:
     def _unknown(self, key: str, source: str, valid: list[str]):
         close = difflib.get_close_matches(key, valid, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise click.BadParameter(f"{source}: {key!r} is not a setting of `gossiprl {self.command}`{hint}; "
-                                 f"valid: {', '.join(valid)}", param_hint="--config")
+        raise click.BadParameter(
+            f"{source}: {key!r} is not a setting of `gossiprl {self.command}`{hint}; valid: {', '.join(valid)}",
+            param_hint="--config",
+        )
 
 
 def _leaves(data: dict, path: tuple[str, ...] = ()):
@@ -311,22 +325,27 @@ def load_file(path: Path) -> dict:
     except ImportError:
         raise click.BadParameter("YAML files need PyYAML: pip install pyyaml", param_hint="--config") from None
     except Exception as err:  # tomllib, yaml and json each raise their own error type
-        raise click.BadParameter(f"{path} is not valid {suffix[1:].upper()}: {' '.join(str(err).split())}",
-                                 param_hint="--config") from None
+        raise click.BadParameter(
+            f"{path} is not valid {suffix[1:].upper()}: {' '.join(str(err).split())}", param_hint="--config"
+        ) from None
     if data is None:  # an empty YAML file
         return {}
     if not isinstance(data, dict):
-        raise click.BadParameter(f"{path} holds a {type(data).__name__}, not a table of settings",
-                                 param_hint="--config")
+        raise click.BadParameter(
+            f"{path} holds a {type(data).__name__}, not a table of settings", param_hint="--config"
+        )
     return data
 
 
 def config_option(fn):
     """--config FILE, for the commands that take settings from a file."""
     return click.option(
-        "--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        "--config",
+        "config_file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
         help="Settings from a TOML or YAML file, or a run's config.json: flat keys (lr = 1e-3, env = "
-             "'Acrobot-v1') or [swarm] / [agent] / [agent.a2c] sections. Flags given here win over the file.")(fn)
+        "'Acrobot-v1') or [swarm] / [agent] / [agent.a2c] sections. Flags given here win over the file.",
+    )(fn)
 
 
 def file_values(ctx: click.Context, settings: Settings, config_file: Path | None) -> dict:
@@ -353,11 +372,16 @@ def resume_values(ctx: click.Context, settings: Settings, run_dir: Path | None, 
     saved = settings.read(ctx, load_file(path), str(path))
     conflicts, given = [], settings.given(ctx)
     for name, setting in settings.by_name.items():
-        if (name in given and name in saved and ctx.params[name] != saved[name]
-                and not setting.field.metadata.get("may_change_on_resume")):
+        if (
+            name in given
+            and name in saved
+            and ctx.params[name] != saved[name]
+            and not setting.field.metadata.get("may_change_on_resume")
+        ):
             conflicts.append(f"{setting.as_flag(ctx.params[name])} conflicts with the run's {name}={saved[name]}")
     if conflicts:
         flags = "the flag" if len(conflicts) == 1 else "these flags"
-        raise click.ClickException(f"cannot resume {run_dir}: {', '.join(conflicts)} (config.json); "
-                                   f"drop {flags} or start a new --run-dir")
+        raise click.ClickException(
+            f"cannot resume {run_dir}: {', '.join(conflicts)} (config.json); drop {flags} or start a new --run-dir"
+        )
     return settings.resolve(ctx, saved)

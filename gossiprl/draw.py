@@ -1,4 +1,5 @@
 """Pictures: gossip topologies (who hears from whom, before a run) and learning curves (after)."""
+
 from __future__ import annotations
 
 import csv
@@ -28,7 +29,7 @@ def draw_topology(topology, path: str | os.PathLike) -> None:
     rounds = [topology.at(t).matrix for t in range(period)]
     pos = [(math.sin(2 * math.pi * k / n), math.cos(2 * math.pi * k / n)) for k in range(n)]  # clockwise from top
 
-    edges: dict[tuple[int, int], list[tuple[int, float]]] = {}   # (j, i) -> [(round, p_ij)]
+    edges: dict[tuple[int, int], list[tuple[int, float]]] = {}  # (j, i) -> [(round, p_ij)]
     for t, p in enumerate(rounds):
         for i in range(n):
             for j in range(n):
@@ -44,25 +45,44 @@ def draw_topology(topology, path: str | os.PathLike) -> None:
     ax.set_ylim(-1.35, 1.35)
 
     node_size = max(40.0, 700.0 * min(1.0, 16.0 / n))
-    gap = math.sqrt(node_size) / 2 + 2          # points between node centre and arrow tip
+    gap = math.sqrt(node_size) / 2 + 2  # points between node centre and arrow tip
     colors = [f"C{t % 10}" for t in range(period)]
-    rad = 0.12                                  # curve j->i and i->j to opposite sides
+    rad = 0.12  # curve j->i and i->j to opposite sides
     for (j, i), uses in edges.items():
         (x1, y1), (x2, y2) = pos[j], pos[i]
-        ax.annotate("", xy=(x2, y2), xytext=(x1, y1), zorder=1,
-                    arrowprops=dict(arrowstyle="-|>", color=colors[uses[0][0]], lw=1.0 if n <= 16 else 0.5,
-                                    shrinkA=gap, shrinkB=gap, mutation_scale=12 if n <= 16 else 6,
-                                    connectionstyle=f"arc3,rad={rad}"))
+        ax.annotate(
+            "",
+            xy=(x2, y2),
+            xytext=(x1, y1),
+            zorder=1,
+            arrowprops=dict(
+                arrowstyle="-|>",
+                color=colors[uses[0][0]],
+                lw=1.0 if n <= 16 else 0.5,
+                shrinkA=gap,
+                shrinkB=gap,
+                mutation_scale=12 if n <= 16 else 6,
+                connectionstyle=f"arc3,rad={rad}",
+            ),
+        )
         if n <= 8:
             # a point of matplotlib's arc3 quadratic Bezier, past the middle towards the receiver
             # (whose weight it is), so labels of crossing and opposite arrows do not pile up
             cx, cy = (x1 + x2) / 2 + rad * (y2 - y1), (y1 + y2) / 2 - rad * (x2 - x1)
             s = 0.65
-            lx = (1 - s) ** 2 * x1 + 2 * s * (1 - s) * cx + s ** 2 * x2
-            ly = (1 - s) ** 2 * y1 + 2 * s * (1 - s) * cy + s ** 2 * y2
+            lx = (1 - s) ** 2 * x1 + 2 * s * (1 - s) * cx + s**2 * x2
+            ly = (1 - s) ** 2 * y1 + 2 * s * (1 - s) * cy + s**2 * y2
             text = ", ".join(f"t{t}: {w:.2f}" if period > 1 else f"{w:.2f}" for t, w in uses)
-            ax.text(lx, ly, text, fontsize=7, ha="center", va="center", zorder=3,
-                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
+            ax.text(
+                lx,
+                ly,
+                text,
+                fontsize=7,
+                ha="center",
+                va="center",
+                zorder=3,
+                bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85),
+            )
 
     ax.scatter([x for x, _ in pos], [y for _, y in pos], s=node_size, c="white", edgecolors="black", zorder=2)
     if n <= 64:
@@ -71,17 +91,29 @@ def draw_topology(topology, path: str | os.PathLike) -> None:
             self_weights = {float(p[k, k]) for p in rounds}
             if n <= 8 and len(self_weights) == 1:
                 side = "left" if x > 0.3 else "right" if x < -0.3 else "center"
-                ax.text(1.17 * x, 1.17 * y, f"self {self_weights.pop():.2f}", fontsize=7, ha=side,
-                        va="center", color="dimgray")
+                ax.text(
+                    1.17 * x,
+                    1.17 * y,
+                    f"self {self_weights.pop():.2f}",
+                    fontsize=7,
+                    ha=side,
+                    va="center",
+                    color="dimgray",
+                )
 
     title = f"{topology.name}: n={n}, spectral gap {topology.spectral_gap:.3f}"
     if topology.time_varying:
         title += f"\nunion of one period ({period} rounds; colour = round)"
-        ax.legend(handles=[Line2D([], [], color=c, label=f"round t % {period} == {t}") for t, c in enumerate(colors)],
-                  loc="lower right", fontsize=7, frameon=False)
+        ax.legend(
+            handles=[Line2D([], [], color=c, label=f"round t % {period} == {t}") for t, c in enumerate(colors)],
+            loc="lower right",
+            fontsize=7,
+            frameon=False,
+        )
     ax.set_title(title, fontsize=11)
-    fig.text(0.5, 0.02, "arrow j \u2192 i: agent i mixes in agent j's parameters", ha="center",
-             fontsize=8, color="dimgray")
+    fig.text(
+        0.5, 0.02, "arrow j \u2192 i: agent i mixes in agent j's parameters", ha="center", fontsize=8, color="dimgray"
+    )
     fig.savefig(path, format="png", dpi=120)
 
 
@@ -117,7 +149,7 @@ def plot_runs(run_dirs, path: str | os.PathLike, smooth: int = 1) -> None:
             label += " (no finished episodes yet)"
         x, y = _mean_curve(curves, 0, smooth, scale=len(agents))
         # a short run may have logged once (at its end): a lone point needs a marker to show
-        line, = by_frames.plot(x, y, marker="o" if len(x) == 1 else None, label=label)
+        (line,) = by_frames.plot(x, y, marker="o" if len(x) == 1 else None, label=label)
         by_time.plot(*_mean_curve(curves, 1, smooth), marker=line.get_marker(), color=line.get_color())
 
     y_label = "mean return, last 100 episodes" if y_columns == {"mean_return_100"} else "return"
@@ -223,28 +255,43 @@ def draw_rounds(topology, path: str | os.PathLike, max_rounds: int = 12) -> None
         view = topology.at(t)
         for i in range(n):
             for j in view.in_peers(i):
-                ax.annotate("", xy=pos[i], xytext=pos[j], zorder=1,
-                            arrowprops=dict(arrowstyle="-|>", color=f"C{t % 10}", lw=0.9 if n <= 16 else 0.5,
-                                            shrinkA=gap, shrinkB=gap, mutation_scale=9 if n <= 16 else 5,
-                                            connectionstyle="arc3,rad=0.12"))
+                ax.annotate(
+                    "",
+                    xy=pos[i],
+                    xytext=pos[j],
+                    zorder=1,
+                    arrowprops=dict(
+                        arrowstyle="-|>",
+                        color=f"C{t % 10}",
+                        lw=0.9 if n <= 16 else 0.5,
+                        shrinkA=gap,
+                        shrinkB=gap,
+                        mutation_scale=9 if n <= 16 else 5,
+                        connectionstyle="arc3,rad=0.12",
+                    ),
+                )
         ax.scatter(pos[:, 0], pos[:, 1], s=node_size, c="white", edgecolors="black", zorder=2)
         if n <= 16:
             for k, (x, y) in enumerate(pos):
                 ax.text(x, y, str(k), fontsize=7, ha="center", va="center", zorder=3)
         letters = sum(len(view.out_peers(i)) for i in range(n)) / n
-        ax.set_title(f"round t % {period} == {t}: {letters:g} letter{'s' if letters != 1 else ''}/agent",
-                     fontsize=9)
+        ax.set_title(f"round t % {period} == {t}: {letters:g} letter{'s' if letters != 1 else ''}/agent", fontsize=9)
     title = f"{topology.name}: n={n}, period {period}"
     if n <= topologies.MAX_DENSE_N:
         d = topology.diagnostics()
         title += f"\ncontraction/period {d.contraction:.3f}, " + (
-            "exact average after one period" if d.exact else
-            f"{d.rounds_to_target} rounds to 1% disagreement" if d.rounds_to_target else "never converges")
+            "exact average after one period"
+            if d.exact
+            else f"{d.rounds_to_target} rounds to 1% disagreement"
+            if d.rounds_to_target
+            else "never converges"
+        )
     if shown < period:
         title += f" (first {shown} rounds)"
     fig.suptitle(title, fontsize=11)
     height = fig.get_figheight()
     fig.subplots_adjust(top=1 - 0.9 / height, bottom=0.3 / height, hspace=0.3)
-    fig.text(0.5, 0.01, "arrow j \u2192 i: agent i mixes in agent j's parameters", ha="center", fontsize=8,
-             color="dimgray")
+    fig.text(
+        0.5, 0.01, "arrow j \u2192 i: agent i mixes in agent j's parameters", ha="center", fontsize=8, color="dimgray"
+    )
     fig.savefig(path, format="png", dpi=110)

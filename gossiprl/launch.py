@@ -8,6 +8,7 @@ over the last 100 episodes of all agents together, Ctrl-C or SIGTERM, a crashed 
 agent is named, with its traceback, and the broker rewires the survivors around it. Children
 are joined in ``finally``: no orphans.
 """
+
 from __future__ import annotations
 
 import json
@@ -104,12 +105,14 @@ class HostLoad:
         if self.agents <= self.cores:
             return None
         x = self.oversubscription
-        return (f"warning: {self.agents} agents on {self.cores} core(s): each gets {1 / x:.2g} of a core, so expect "
-                f"every agent to run ~{x:.3g}x slower than alone, a slow start and about "
-                f"{self.agents * AGENT_MEMORY_MB / 1000:.1f} GB of memory in all; heartbeat {self.heartbeat:.2g}s and "
-                f"peer timeout {self.peer_timeout:.0f}s are stretched {x:.3g}x so starving agents are not declared "
-                f"gone. For speed, run at most {self.cores} agent(s) here or spread the swarm over hosts "
-                f"(gossiprl broker + gossiprl agent).")
+        return (
+            f"warning: {self.agents} agents on {self.cores} core(s): each gets {1 / x:.2g} of a core, so expect "
+            f"every agent to run ~{x:.3g}x slower than alone, a slow start and about "
+            f"{self.agents * AGENT_MEMORY_MB / 1000:.1f} GB of memory in all; heartbeat {self.heartbeat:.2g}s and "
+            f"peer timeout {self.peer_timeout:.0f}s are stretched {x:.3g}x so starving agents are not declared "
+            f"gone. For speed, run at most {self.cores} agent(s) here or spread the swarm over hosts "
+            f"(gossiprl broker + gossiprl agent)."
+        )
 
 
 class RunError(RuntimeError):
@@ -170,8 +173,15 @@ class SwarmConfig:
     (direct), or auto (shm on one host, direct across hosts). PROTOCOL.md section 10."""
     gossip_timeout: float = field(default=60.0, metadata={"min": 0, "min_open": True, "may_change_on_resume": True})
     """Seconds an agent waits for a turn lock before it skips the round and trains on."""
-    stop_at_return: float | None = field(default=None, metadata={
-        "parse": return_target, "cli_default": "auto", "metavar": "RETURN|auto|none", "may_change_on_resume": True})
+    stop_at_return: float | None = field(
+        default=None,
+        metadata={
+            "parse": return_target,
+            "cli_default": "auto",
+            "metavar": "RETURN|auto|none",
+            "may_change_on_resume": True,
+        },
+    )
     """Stop the swarm once the mean of the last 100 episodes of all agents pooled reaches this;
     None: never. `gossiprl run` defaults to 'auto', the env's reward threshold; the library
     default is None, so studies compare settings at equal frames."""
@@ -278,8 +288,10 @@ def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
             raise RunError(f"cannot resume: {config_path} is unreadable ({type(err).__name__}: {err})") from None
         asked = config["agent"]["env_id"]
         if trained_on != asked:
-            raise RunError(f"cannot resume: {run_dir} was trained on {trained_on}, this run asks for {asked}; "
-                           f"resume with --env {trained_on} or choose another --run-dir")
+            raise RunError(
+                f"cannot resume: {run_dir} was trained on {trained_on}, this run asks for {asked}; "
+                f"resume with --env {trained_on} or choose another --run-dir"
+            )
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise RunError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -301,12 +313,28 @@ def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None
 
     keys.generate(directory / "broker", "broker")
     keys.generate(directory / "agents", "agent")
-    return ("tcp://127.0.0.1:0", (directory / "broker" / "broker.key_secret", directory / "agents"),
-            (directory / "agents" / "agent.key_secret", directory / "broker" / "broker.key"))
+    return (
+        "tcp://127.0.0.1:0",
+        (directory / "broker" / "broker.key_secret", directory / "agents"),
+        (directory / "agents" / "agent.key_secret", directory / "broker" / "broker.key"),
+    )
 
 
-def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout, heartbeat, codec, curve, stop_pipe,
-                   report_pipe, private_dir):
+def _agent_process(
+    rank,
+    address,
+    n,
+    agent_cfg,
+    run_dir,
+    resume,
+    gossip_timeout,
+    heartbeat,
+    codec,
+    curve,
+    stop_pipe,
+    report_pipe,
+    private_dir,
+):
     """Body of the process ``agent-<rank>``: train, gossiping through the broker at ``address``.
 
     The launcher talks to it over two plain pipes rather than a multiprocessing Event and Queue:
@@ -323,15 +351,30 @@ def _agent_process(rank, address, n, agent_cfg, run_dir, resume, gossip_timeout,
     gossip = None
     try:
         if address is not None:
-            client = GossipClient(address, rank, n=n, timeout=gossip_timeout, codec=codec,
-                                  heartbeat=heartbeat, takeover=resume, curve=curve)
+            client = GossipClient(
+                address,
+                rank,
+                n=n,
+                timeout=gossip_timeout,
+                codec=codec,
+                heartbeat=heartbeat,
+                takeover=resume,
+                curve=curve,
+            )
             gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
-        summary = train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
-                        progress=lambda report: reports.put(("progress", rank, report)))
+        summary = train(
+            agent_cfg,
+            run_dir,
+            rank=rank,
+            gossip=gossip,
+            resume=resume,
+            stop=stop,
+            progress=lambda report: reports.put(("progress", rank, report)),
+        )
         reports.put(("done", rank, summary))
     except BaseException:
         reports.put(("failed", rank, traceback.format_exc(limit=8)))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     finally:
         if gossip is not None:
             gossip.close()
@@ -403,8 +446,16 @@ class _Reports:
                     reader.close()
 
 
-def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo=print,
-        show_progress: bool = True, track: dict | None = None, metrics_port: int | None = None) -> dict:
+def run(
+    swarm: SwarmConfig,
+    agent_cfg,
+    run_dir: Path,
+    resume: bool = False,
+    echo=print,
+    show_progress: bool = True,
+    track: dict | None = None,
+    metrics_port: int | None = None,
+) -> dict:
     """Train a swarm on this host; returns (and writes) summary.json's contents.
 
     The swarm's budget is ``swarm.total_frames``: each agent's ``total_frames`` (and its
@@ -416,15 +467,19 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
     from .rl.swarmlog import SwarmLog
 
     topo = make_topology(swarm) if swarm.topology is not None else None
-    agent_cfg = replace(agent_cfg, agents_per_host=swarm.agents,
-                        total_frames=max(1, swarm.total_frames // swarm.agents))
+    agent_cfg = replace(
+        agent_cfg, agents_per_host=swarm.agents, total_frames=max(1, swarm.total_frames // swarm.agents)
+    )
     load = HostLoad(swarm.agents, host_cores())
     if load.warning():
         echo(load.warning())
     run_dir = Path(run_dir)
     earlier_wall = _earlier_wall_seconds(run_dir) if resume else 0.0
-    prepare_run_dir(run_dir, resume, {"swarm": asdict(swarm), "agent": asdict(agent_cfg),
-                                      "topology": topo.to_dict() if topo else None})
+    prepare_run_dir(
+        run_dir,
+        resume,
+        {"swarm": asdict(swarm), "agent": asdict(agent_cfg), "topology": topo.to_dict() if topo else None},
+    )
     swarm_log = SwarmLog(run_dir, {"swarm": asdict(swarm), "agent": asdict(agent_cfg)}, track)
     ctx = mp.get_context("spawn")
     stop, reports = _LauncherStop(ctx), _Reports()
@@ -441,8 +496,15 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
         agent_curve = None
         if topo is not None:
             bind, broker_curve, agent_curve = private_endpoint(Path(tmp), swarm.transport)
-            broker = Broker(topo, bind=bind, mode=swarm.mode, max_staleness=swarm.max_staleness,
-                            peer_timeout=load.peer_timeout, curve=broker_curve, data_plane=swarm.data_plane).start()
+            broker = Broker(
+                topo,
+                bind=bind,
+                mode=swarm.mode,
+                max_staleness=swarm.max_staleness,
+                peer_timeout=load.peer_timeout,
+                curve=broker_curve,
+                data_plane=swarm.data_plane,
+            ).start()
         stats_server = None
         if broker is not None and metrics_port is not None:
             from .monitor import StatsServer
@@ -459,15 +521,32 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                 reader, writer = ctx.Pipe(duplex=False)
                 reports.add(reader)
                 procs[rank] = ctx.Process(
-                    target=_agent_process, name=f"agent-{rank}",
-                    args=(rank, broker.address if broker else None, swarm.agents, agent_cfg, str(run_dir),
-                          resume, load.gossip_timeout(swarm.gossip_timeout), load.heartbeat, swarm.codec,
-                          agent_curve, stop.reader, writer, tmp))
+                    target=_agent_process,
+                    name=f"agent-{rank}",
+                    args=(
+                        rank,
+                        broker.address if broker else None,
+                        swarm.agents,
+                        agent_cfg,
+                        str(run_dir),
+                        resume,
+                        load.gossip_timeout(swarm.gossip_timeout),
+                        load.heartbeat,
+                        swarm.codec,
+                        agent_curve,
+                        stop.reader,
+                        writer,
+                        tmp,
+                    ),
+                )
                 procs[rank].start()
                 writer.close()  # the agent holds the only write end: its pipe reads EOF once it is gone
             while len(summaries) + len(failures) < swarm.agents:
-                if swarm.max_seconds is not None and time.perf_counter() - start > swarm.max_seconds \
-                        and not stop.is_set():
+                if (
+                    swarm.max_seconds is not None
+                    and time.perf_counter() - start > swarm.max_seconds
+                    and not stop.is_set()
+                ):
                     stopped_by = f"time limit of {swarm.max_seconds:g}s"
                     stop.set()
                 try:
@@ -479,12 +558,18 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
                     swarm_log.add(rank, payload)
                     swarm_log.write(broker.stats() if broker else None)
                     bar(progress)
-                    if (swarm.stop_at_return is not None and len(progress.returns) == 100
-                            and progress.mean_return >= swarm.stop_at_return and not stop.is_set()):
+                    if (
+                        swarm.stop_at_return is not None
+                        and len(progress.returns) == 100
+                        and progress.mean_return >= swarm.stop_at_return
+                        and not stop.is_set()
+                    ):
                         stopped_by = f"solved: mean return {progress.mean_return:.1f} >= {swarm.stop_at_return}"
-                        solved_at = {"frames": progress.total_frames,
-                                     "session_wall_seconds": time.perf_counter() - start,
-                                     "mean_return": progress.mean_return}
+                        solved_at = {
+                            "frames": progress.total_frames,
+                            "session_wall_seconds": time.perf_counter() - start,
+                            "mean_return": progress.mean_return,
+                        }
                         stop.set()
                 elif kind == "done":
                     summaries[rank] = payload
@@ -536,11 +621,11 @@ def run(swarm: SwarmConfig, agent_cfg, run_dir: Path, resume: bool = False, echo
         "session_wall_seconds": wall,
         "fps": sum(s["fps"] * s["wall_seconds"] for s in summaries.values()) / wall,
         "time_definition": "frames and wall_seconds cover every session of the run; session_wall_seconds "
-                           "and fps only this one: fps is the frames trained in it over its seconds",
+        "and fps only this one: fps is the frames trained in it over its seconds",
         "mean_return": progress.mean_return,
         "mean_return_definition": "mean of the last 100 episodes of all agents pooled (the stop rule); "
-                                  "agents_mean_return / agents_min_return: mean and worst of each agent's "
-                                  "own last-100 mean",
+        "agents_mean_return / agents_min_return: mean and worst of each agent's "
+        "own last-100 mean",
         "agents_mean_return": _mean([s["mean_return"] for s in summaries.values()]),
         "agents_min_return": min((s["mean_return"] for s in summaries.values()), default=math.nan),
         "episodes": progress.episodes,
@@ -591,8 +676,14 @@ def _drain_until_done(reports, summaries, failures, n, progress, timeout):
 
 def make_topology(swarm: SwarmConfig):
     try:
-        return topologies.from_spec(swarm.topology, swarm.agents, peers=swarm.peers, time_varying=swarm.time_varying,
-                                    peers_per_round=swarm.peers_per_round, **swarm.topology_options)
+        return topologies.from_spec(
+            swarm.topology,
+            swarm.agents,
+            peers=swarm.peers,
+            time_varying=swarm.time_varying,
+            peers_per_round=swarm.peers_per_round,
+            **swarm.topology_options,
+        )
     except topologies.TopologyError as err:
         raise RunError(str(err)) from None
 
@@ -630,9 +721,21 @@ def format_return(value: float | None) -> str:
     return NO_EPISODE if value is None or math.isnan(value) else f"{value:.1f}"
 
 
-def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = False,
-              gossip_timeout: float = 60.0, codec: str = "raw", stop=None, connect_timeout: float = 120.0,
-              echo=print, progress_every: float = 10.0, size_from_swarm: bool = False, **client_options) -> dict:
+def run_agent(
+    address: str,
+    rank: int,
+    agent_cfg,
+    run_dir: Path,
+    resume: bool = False,
+    gossip_timeout: float = 60.0,
+    codec: str = "raw",
+    stop=None,
+    connect_timeout: float = 120.0,
+    echo=print,
+    progress_every: float = 10.0,
+    size_from_swarm: bool = False,
+    **client_options,
+) -> dict:
     """One agent of a multi-host swarm (the PALA layout): the broker runs elsewhere.
 
     Agents of a batch job may start before their broker, so registration is retried for
@@ -652,8 +755,7 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
     deadline = time.monotonic() + connect_timeout
     while True:
         try:
-            client = GossipClient(address, rank, timeout=gossip_timeout, codec=codec, takeover=resume,
-                                  **client_options)
+            client = GossipClient(address, rank, timeout=gossip_timeout, codec=codec, takeover=resume, **client_options)
             break
         except GossipError as err:  # a rank the swarm does not have, a mismatching topology: asking again won't help
             raise RunError(f"agent-{rank}: the broker at {address} refused it: {err}") from None
@@ -669,12 +771,21 @@ def run_agent(address: str, rank: int, agent_cfg, run_dir: Path, resume: bool = 
     if sharing is not None and not agent_cfg.torch_threads:
         agent_cfg = replace(agent_cfg, agents_per_host=sharing)
         cores = os.cpu_count() or 1
-        echo(f"agent-{rank}: the broker is on this host, so its {sharing} agents may share this host's {cores} "
-             f"core(s): {max(1, cores // sharing)} torch thread(s) each; pass --agents-per-host N to size it yourself")
+        echo(
+            f"agent-{rank}: the broker is on this host, so its {sharing} agents may share this host's {cores} "
+            f"core(s): {max(1, cores // sharing)} torch thread(s) each; pass --agents-per-host N to size it yourself"
+        )
     gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
     try:
-        return train(agent_cfg, run_dir, rank=rank, gossip=gossip, resume=resume, stop=stop,
-                     progress=_progress_line(rank, echo, progress_every) if progress_every else None)
+        return train(
+            agent_cfg,
+            run_dir,
+            rank=rank,
+            gossip=gossip,
+            resume=resume,
+            stop=stop,
+            progress=_progress_line(rank, echo, progress_every) if progress_every else None,
+        )
     finally:
         gossip.close()
 
@@ -696,7 +807,9 @@ def _progress_line(rank: int, echo, every_s: float):
         fps = (r["frames"] - last["frames"]) / (r["wall_s"] - last["wall_s"])
         last.update(r)
         mean = format_return(sum(returns) / len(returns) if returns else None)
-        echo(f"agent-{rank}: {r['frames']:,} frames, {fps:,.0f} frames/s, return {mean}, "
-             f"gossip {100 * r['gossip_s'] / max(r['wall_s'], 1e-9):.0f}%")
+        echo(
+            f"agent-{rank}: {r['frames']:,} frames, {fps:,.0f} frames/s, return {mean}, "
+            f"gossip {100 * r['gossip_s'] / max(r['wall_s'], 1e-9):.0f}%"
+        )
 
     return report

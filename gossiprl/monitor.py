@@ -12,6 +12,7 @@ served the previous snapshot, so no client can make the broker's lock table busi
 Needs only the standard library, plus ``prometheus-client`` for ``/metrics`` and ``rich``
 for ``top`` (the ``monitor`` extra); the comms-only install can serve ``/stats``.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,8 +95,9 @@ def prometheus_text(stats: dict) -> tuple[bytes, str]:
                 for rank, agent in stats["agents"].items():
                     family.add_metric([str(rank)], float(agent[key]))
                 yield family
-            yield GaugeMetricFamily("gossiprl_broker_uptime_seconds", "Seconds since the broker started.",
-                                    value=stats["uptime_s"])
+            yield GaugeMetricFamily(
+                "gossiprl_broker_uptime_seconds", "Seconds since the broker started.", value=stats["uptime_s"]
+            )
             errors = GaugeMetricFamily("gossiprl_broker_errors", "Requests refused, by error code.", labels=["code"])
             for code, count in stats["errors"].items():
                 errors.add_metric([code], count)
@@ -123,18 +125,28 @@ def agent_rows(before: dict, after: dict) -> list[dict]:
     rows = []
     for rank, now in sorted(after["agents"].items(), key=lambda item: int(item[0])):
         then = before["agents"].get(rank, now)
-        rows.append({
-            "rank": int(rank),
-            "state": "gone" if now["gone"] else "parked" if now["parked"] else
-                     "registered" if now["registered"] else "absent",
-            "rejoined": max(now["registrations"] - 1, 0),
-            "round": now["round"],
-            "rounds_per_s": (now["round"] - then["round"]) / seconds,
-            "lock_wait_share": (now["publish_wait_s"] + now["collect_wait_s"]
-                                - then["publish_wait_s"] - then["collect_wait_s"]) / seconds,
-            "bytes_in": now["bytes_in"], "bytes_out": now["bytes_out"],
-            "mb_per_s": (now["bytes_in"] + now["bytes_out"] - then["bytes_in"] - then["bytes_out"]) / seconds / 1e6,
-        })
+        rows.append(
+            {
+                "rank": int(rank),
+                "state": "gone"
+                if now["gone"]
+                else "parked"
+                if now["parked"]
+                else "registered"
+                if now["registered"]
+                else "absent",
+                "rejoined": max(now["registrations"] - 1, 0),
+                "round": now["round"],
+                "rounds_per_s": (now["round"] - then["round"]) / seconds,
+                "lock_wait_share": (
+                    now["publish_wait_s"] + now["collect_wait_s"] - then["publish_wait_s"] - then["collect_wait_s"]
+                )
+                / seconds,
+                "bytes_in": now["bytes_in"],
+                "bytes_out": now["bytes_out"],
+                "mb_per_s": (now["bytes_in"] + now["bytes_out"] - then["bytes_in"] - then["bytes_out"]) / seconds / 1e6,
+            }
+        )
     return rows
 
 
@@ -143,14 +155,24 @@ def render(stats: dict, rows: list[dict]):
     from rich.table import Table
 
     errors = sum(stats["errors"].values())
-    table = Table(title=f"gossiprl broker {stats['address']}: {stats['n']} agents, {stats['mode']} mode, "
-                        f"up {stats['uptime_s']:.0f}s, {errors} refused request(s)")
+    table = Table(
+        title=f"gossiprl broker {stats['address']}: {stats['n']} agents, {stats['mode']} mode, "
+        f"up {stats['uptime_s']:.0f}s, {errors} refused request(s)"
+    )
     for column in ("rank", "state", "rejoined", "round", "rounds/s", "lock wait", "MB in", "MB out", "MB/s"):
         table.add_column(column, justify="left" if column == "state" else "right")
     for r in rows:
-        table.add_row(str(r["rank"]), r["state"], str(r["rejoined"]), str(r["round"]), f"{r['rounds_per_s']:.2f}",
-                      f"{100 * r['lock_wait_share']:.0f}%", f"{r['bytes_in'] / 1e6:.1f}",
-                      f"{r['bytes_out'] / 1e6:.1f}", f"{r['mb_per_s']:.2f}")
+        table.add_row(
+            str(r["rank"]),
+            r["state"],
+            str(r["rejoined"]),
+            str(r["round"]),
+            f"{r['rounds_per_s']:.2f}",
+            f"{100 * r['lock_wait_share']:.0f}%",
+            f"{r['bytes_in'] / 1e6:.1f}",
+            f"{r['bytes_out'] / 1e6:.1f}",
+            f"{r['mb_per_s']:.2f}",
+        )
     return table
 
 

@@ -3,6 +3,7 @@
 Importable as ``from brokers import ...`` (tox.ini's [pytest] puts tests/ on sys.path); the
 ``ring2`` fixture built on new_broker() is in tests/integration/conftest.py.
 """
+
 import threading
 
 import msgpack

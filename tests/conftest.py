@@ -8,6 +8,7 @@ Where shared test code lives:
   clients), imported as ``from helpers import ...``: tox.ini's [pytest] puts tests/ on sys.path.
 A test module never imports from another test module.
 """
+
 import os
 import signal
 import tempfile
@@ -39,8 +40,12 @@ def session_tmpdir(tmp_path_factory):
         os.environ["TMPDIR"] = saved_env
     left = sorted(p.name for p in path.glob("gossiprl-*"))
     if left:
-        warnings.warn(pytest.PytestWarning(f"the tests left {len(left)} gossiprl-* temp dir(s) behind in {path}: "
-                                           f"{', '.join(left)}"))
+        warnings.warn(
+            pytest.PytestWarning(
+                f"the tests left {len(left)} gossiprl-* temp dir(s) behind in {path}: {', '.join(left)}"
+            ),
+            stacklevel=2,
+        )
 
 
 LONG_LIVED_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -85,4 +90,6 @@ def no_process_left_behind():
         except ProcessLookupError:
             pass
     if left:
-        warnings.warn(pytest.PytestWarning(f"the test left {len(left)} process(es) running, now killed: {left}"))
+        warnings.warn(
+            pytest.PytestWarning(f"the test left {len(left)} process(es) running, now killed: {left}"), stacklevel=2
+        )

@@ -3,6 +3,7 @@
 Importable as ``from helpers import ...`` because tox.ini's [pytest] puts tests/ on sys.path
 (``pythonpath = tests``). Fixtures live in conftest.py instead; see its docstring for the split.
 """
+
 import socket
 import subprocess
 import threading
@@ -20,6 +21,7 @@ def invoke(*args):
     from click.testing import CliRunner
 
     from gossiprl.cli import main
+
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 

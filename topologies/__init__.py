@@ -11,6 +11,7 @@ pulling in zmq or torch. Build topologies with :func:`make`, :func:`from_matrix`
 :func:`from_dict`; each validates, so a :class:`Topology` in hand always satisfies the
 convergence conditions of GALA's proof (row-stochastic, strongly connected).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,22 +23,38 @@ from typing import Any
 
 import numpy as np
 
-from .errors import TopologyError, _integer
 from .diagnostics import MAX_DENSE_N, Diagnostics, check_size, diagnose, summary_lines
+from .errors import TopologyError, _integer
 from .families import FAMILIES, metropolis_hastings, phone_book
 
-__all__ = ["MAX_DENSE_N", "NAMES", "Diagnostics", "Topology", "TopologyError", "from_dict", "from_matrix", "from_spec", "make",
-           "metropolis", "options", "phone_book"]
+__all__ = [
+    "MAX_DENSE_N",
+    "NAMES",
+    "Diagnostics",
+    "Topology",
+    "TopologyError",
+    "from_dict",
+    "from_matrix",
+    "from_spec",
+    "make",
+    "metropolis",
+    "options",
+    "phone_book",
+]
 
 NAMES = ("ring", "sparse", "full", *FAMILIES)
-_OPTIONS = {"ring": (), "sparse": ("peers", "time_varying"), "full": (),
-            **{name: options for name, (options, _) in FAMILIES.items()}}
+_OPTIONS = {
+    "ring": (),
+    "sparse": ("peers", "time_varying"),
+    "full": (),
+    **{name: options for name, (options, _) in FAMILIES.items()},
+}
 _DICT_KEYS = ("name", "n", "options", "matrix", "digest")
 _ROW_SUM_ATOL = 1e-6
 _DIGEST_DECIMALS = 12
-_MAX_SHOWN = 16          # describe() prints the full matrix up to this many agents
-_MAX_PEER_LINES = 64     # ... and every rank's peers up to this many; the first and last few beyond
-_ZERO = 1e-12            # eigenvalue moduli below this are numerical noise, not slow modes
+_MAX_SHOWN = 16  # describe() prints the full matrix up to this many agents
+_MAX_PEER_LINES = 64  # ... and every rank's peers up to this many; the first and last few beyond
+_ZERO = 1e-12  # eigenvalue moduli below this are numerical noise, not slow modes
 
 
 class Topology:
@@ -51,17 +68,26 @@ class Topology:
     __slots__ = ("_name", "_n", "_options", "_rounds", "_views", "_slem")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("build a Topology with topologies.make(), from_matrix() or from_dict(), "
-                        "which validate it")
+        raise TypeError("build a Topology with topologies.make(), from_matrix() or from_dict(), which validate it")
 
     @classmethod
-    def _build(cls, name: str, rounds: Sequence[np.ndarray], options: Mapping[str, Any],
-               views: Sequence[Topology] | None = None) -> Topology:
+    def _build(
+        cls,
+        name: str,
+        rounds: Sequence[np.ndarray],
+        options: Mapping[str, Any],
+        views: Sequence[Topology] | None = None,
+    ) -> Topology:
         """Assemble from already validated read-only matrices (one per round of the period)."""
         self = object.__new__(cls)
-        for slot, value in (("_name", name), ("_n", int(rounds[0].shape[0])), ("_options", dict(options)),
-                            ("_rounds", tuple(rounds)), ("_views", None if views is None else tuple(views)),
-                            ("_slem", None)):
+        for slot, value in (
+            ("_name", name),
+            ("_n", int(rounds[0].shape[0])),
+            ("_options", dict(options)),
+            ("_rounds", tuple(rounds)),
+            ("_views", None if views is None else tuple(views)),
+            ("_slem", None),
+        ):
             object.__setattr__(self, slot, value)
         return self
 
@@ -143,8 +169,10 @@ class Topology:
         name = f"{self._name} without {_ranges(dead, braces=True)}"
         views = None
         if self._views is not None:
-            views = [Topology._build(f"{view.name} without {_ranges(dead, braces=True)}", (p,), self._options)
-                     for view, p in zip(self._views, rounds)]
+            views = [
+                Topology._build(f"{view.name} without {_ranges(dead, braces=True)}", (p,), self._options)
+                for view, p in zip(self._views, rounds)
+            ]
         return Topology._build(name, rounds, self._options, views)
 
     def _rank(self, i: int) -> int:
@@ -199,8 +227,13 @@ class Topology:
         Named topologies are rebuilt from (name, n, options), so ``matrix`` (round 0) is for
         people reading the config; ``digest`` lets :func:`from_dict` prove it rebuilt the same thing.
         """
-        return {"name": self._name, "n": self._n, "options": dict(self._options),
-                "matrix": self.matrix.tolist(), "digest": self.digest()}
+        return {
+            "name": self._name,
+            "n": self._n,
+            "options": dict(self._options),
+            "matrix": self.matrix.tolist(),
+            "digest": self.digest(),
+        }
 
     # ------------------------------------------------------------------ human view
     def describe(self) -> str:
@@ -211,8 +244,10 @@ class Topology:
                 lines.append(f"round {r} (every round t with t % {self.period} == {r}):")
             lines += view._matrix_lines() + view._peer_lines()
         if self._n > MAX_DENSE_N:
-            lines.append(f"spectrum and consensus diagnostics skipped: they need dense n x n algebra, done up to "
-                         f"n={MAX_DENSE_N} agents")
+            lines.append(
+                f"spectrum and consensus diagnostics skipped: they need dense n x n algebra, done up to "
+                f"n={MAX_DENSE_N} agents"
+            )
         else:
             per = " per round (from the product over one period)" if self.time_varying else ""
             lines.append(f"slem {self.slem:.4f}, spectral gap {self.spectral_gap:.4f}{per}")
@@ -246,7 +281,8 @@ class Topology:
         shown = range(n) if n <= _MAX_PEER_LINES else [*range(8), n - 2, n - 1]
         lines = ["  peers (in = hears from, out = sends to):"] + [
             f"    rank {i:>{label}}: in {_ranges(self.in_peers(i)) or '-'} | out {_ranges(self.out_peers(i)) or '-'}"
-            for i in shown]
+            for i in shown
+        ]
         if n > _MAX_PEER_LINES:
             lines.insert(9, f"    ... ranks 8-{n - 3} not shown (more than {_MAX_PEER_LINES} agents)")
         return lines
@@ -256,8 +292,10 @@ class Topology:
         if self._n == 1:
             return "a single agent: nothing to mix"
         if s >= 1.0 - 1e-9:
-            return ("consensus error never shrinks (slem 1): the matrix is periodic (e.g. zero diagonal), "
-                    "so agents oscillate; give every agent some weight on itself")
+            return (
+                "consensus error never shrinks (slem 1): the matrix is periodic (e.g. zero diagonal), "
+                "so agents oscillate; give every agent some weight on itself"
+            )
         if s < 1e-9:
             after = f"one period ({self.period} rounds)" if self.time_varying else "one round"
             return f"consensus is exact after {after}"
@@ -290,8 +328,9 @@ def make(name: str, n: int, **options: Any) -> Topology:
     Weights are uniform over self and in-peers, the PALA update (x_i + sum m_j) / (1 + |N_in|).
     """
     if not isinstance(name, str) or name not in NAMES:
-        raise TopologyError(f"unknown topology {name!r}; valid names: {', '.join(NAMES)} "
-                            "(or from_matrix() for a matrix of your own)")
+        raise TopologyError(
+            f"unknown topology {name!r}; valid names: {', '.join(NAMES)} (or from_matrix() for a matrix of your own)"
+        )
     n = _integer(n, "n")
     if n < 1:
         raise TopologyError(f"n must be >= 1 (the number of agents), got {n}")
@@ -371,10 +410,14 @@ def from_spec(spec: str, n: int | None = None, **options: Any) -> Topology:
             raise TopologyError(f"{spec!r} needs the number of agents")
         return make(spec, n, **given)
     if not Path(spec).is_file():
-        raise TopologyError(f"{spec!r} is neither a topology ({', '.join(NAMES)}) nor an existing .npy/.csv file "
-                            "holding a row-stochastic matrix")
+        raise TopologyError(
+            f"{spec!r} is neither a topology ({', '.join(NAMES)}) nor an existing .npy/.csv file "
+            "holding a row-stochastic matrix"
+        )
     if given:
-        raise TopologyError(f"options {', '.join(sorted(given))} are for named topologies, not for the matrix in {spec}")
+        raise TopologyError(
+            f"options {', '.join(sorted(given))} are for named topologies, not for the matrix in {spec}"
+        )
     topo = from_matrix(spec)
     if n is not None and topo.n != n:
         raise TopologyError(f"{spec} is a {topo.n}x{topo.n} matrix but the swarm has {n} agents")
@@ -400,8 +443,9 @@ def from_dict(d: Mapping[str, Any]) -> Topology:
     agree with the rebuilt one. Other names are built from ``matrix``.
     """
     if not isinstance(d, Mapping):
-        raise TopologyError(f"a topology dict must be a mapping with keys {', '.join(_DICT_KEYS)}; "
-                            f"got {type(d).__name__}")
+        raise TopologyError(
+            f"a topology dict must be a mapping with keys {', '.join(_DICT_KEYS)}; got {type(d).__name__}"
+        )
     for key in d:
         if key not in _DICT_KEYS:
             raise TopologyError(f"unknown key {key!r} in topology dict; valid keys: {', '.join(_DICT_KEYS)}")
@@ -425,19 +469,24 @@ def from_dict(d: Mapping[str, Any]) -> Topology:
             _check_same_matrix(d["matrix"], topology)
     else:
         if "matrix" not in d:
-            raise TopologyError(f"unknown topology {name!r}: valid names are {', '.join(NAMES)}; "
-                                "any other name needs its 'matrix'")
+            raise TopologyError(
+                f"unknown topology {name!r}: valid names are {', '.join(NAMES)}; any other name needs its 'matrix'"
+            )
         if options:
-            raise TopologyError(f"options are only meaningful for the named topologies ({', '.join(NAMES)}); "
-                                f"{name!r} is defined by its matrix alone")
+            raise TopologyError(
+                f"options are only meaningful for the named topologies ({', '.join(NAMES)}); "
+                f"{name!r} is defined by its matrix alone"
+            )
         p = _checked_matrix(d["matrix"])
         _check_strongly_connected([p])
         if "n" in d and d["n"] != p.shape[0]:
             raise TopologyError(f"topology dict says n={d['n']!r} but its matrix is {p.shape[0]}x{p.shape[0]}")
         topology = Topology._build(name, (p,), {})
     if "digest" in d and d["digest"] != topology.digest():
-        raise TopologyError(f"digest mismatch: the dict says {d['digest']!r} but it rebuilds to "
-                            f"{topology.digest()!r}; the dict was edited or comes from another version")
+        raise TopologyError(
+            f"digest mismatch: the dict says {d['digest']!r} but it rebuilds to "
+            f"{topology.digest()!r}; the dict was edited or comes from another version"
+        )
     return topology
 
 
@@ -460,8 +509,10 @@ def _check_same_matrix(given: Any, topology: Topology) -> None:
     except (TypeError, ValueError) as exc:
         raise TopologyError(f"the dict's 'matrix' is not a numeric n x n array: {exc}") from exc
     if m.shape != topology.matrix.shape or not np.allclose(m, topology.matrix, rtol=0.0, atol=1e-9):
-        raise TopologyError(f"the dict's 'matrix' does not match {topology.name!r} with n={topology.n} and "
-                            "its options; fix it or drop it (named topologies are rebuilt from name, n, options)")
+        raise TopologyError(
+            f"the dict's 'matrix' does not match {topology.name!r} with n={topology.n} and "
+            "its options; fix it or drop it (named topologies are rebuilt from name, n, options)"
+        )
 
 
 def _offsets(n: int, offsets: Iterable[int]) -> list[int]:
@@ -544,29 +595,33 @@ def _checked_matrix(source: Any) -> np.ndarray:
     bad = np.flatnonzero(np.abs(sums - 1.0) > _ROW_SUM_ATOL)
     if bad.size:
         i = bad[0]
-        raise TopologyError(f"row {i} sums to {sums[i]:.9g}, but every row must sum to 1 (within "
-                            f"{_ROW_SUM_ATOL:g}): row i is how agent i splits its weight over the agents")
+        raise TopologyError(
+            f"row {i} sums to {sums[i]:.9g}, but every row must sum to 1 (within "
+            f"{_ROW_SUM_ATOL:g}): row i is how agent i splits its weight over the agents"
+        )
     return _read_only(p)
 
 
 def _check_strongly_connected(rounds: Sequence[np.ndarray]) -> None:
     """GALA's convergence proof needs every agent to hear, eventually, from every other one;
     for a time-varying topology the union over one period is what must be connected."""
-    hears = np.zeros(rounds[0].shape, dtype=bool)   # hears[i, j]: edge j -> i
+    hears = np.zeros(rounds[0].shape, dtype=bool)  # hears[i, j]: edge j -> i
     for p in rounds:
         hears |= p > 0
     np.fill_diagonal(hears, False)
-    reached = _reachable(hears, 0)            # who hears from agent 0, eventually
+    reached = _reachable(hears, 0)  # who hears from agent 0, eventually
     if reached.all():
-        reached = _reachable(hears.T, 0)      # whom agent 0 hears from, eventually
+        reached = _reachable(hears.T, 0)  # whom agent 0 hears from, eventually
         if reached.all():
             return
         deaf, silent = reached, ~reached
     else:
         deaf, silent = ~reached, reached
-    raise TopologyError(f"not strongly connected: agents {_ranges(np.flatnonzero(deaf), braces=True)} can never "
-                        f"hear from agents {_ranges(np.flatnonzero(silent), braces=True)}, so gossip cannot "
-                        "reach consensus (edge j -> i exists where matrix[i, j] > 0)")
+    raise TopologyError(
+        f"not strongly connected: agents {_ranges(np.flatnonzero(deaf), braces=True)} can never "
+        f"hear from agents {_ranges(np.flatnonzero(silent), braces=True)}, so gossip cannot "
+        "reach consensus (edge j -> i exists where matrix[i, j] > 0)"
+    )
 
 
 def _reachable(hears: np.ndarray, start: int) -> np.ndarray:

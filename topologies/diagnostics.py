@@ -8,6 +8,7 @@ of W when W is doubly stochastic, is the contraction a convergence proof needs p
 a single round's graph may not be connected at all (one-peer graphs) and says nothing alone.
 Everything here is dense linear algebra, O(n^3): above :data:`MAX_DENSE_N` agents it is refused.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,9 +18,9 @@ import numpy as np
 
 from .errors import TopologyError
 
-MAX_DENSE_N = 256         # the most agents whose n x n products and SVDs are computed (~3 s at 256, 20 s at 512)
-_EXACT = 1e-9             # ||W - J|| below this is float noise: the period averages exactly
-_MAX_DOUBLINGS = 62       # 2^62 periods without reaching the target: it never converges
+MAX_DENSE_N = 256  # the most agents whose n x n products and SVDs are computed (~3 s at 256, 20 s at 512)
+_EXACT = 1e-9  # ||W - J|| below this is float noise: the period averages exactly
+_MAX_DOUBLINGS = 62  # 2^62 periods without reaching the target: it never converges
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,17 @@ class Diagnostics:
 
 def check_size(n: int, what: str) -> None:
     if n > MAX_DENSE_N:
-        raise TopologyError(f"{what} needs dense n x n algebra, refused above n={MAX_DENSE_N} agents "
-                            f"(got n={n}); peers and weights per rank are still available")
+        raise TopologyError(
+            f"{what} needs dense n x n algebra, refused above n={MAX_DENSE_N} agents "
+            f"(got n={n}); peers and weights per rank are still available"
+        )
 
 
 def diagnose(rounds: list[np.ndarray], shrink: float = 100.0) -> Diagnostics:
     """Diagnostics of the periodic schedule ``rounds`` (dense row-stochastic matrices, round 0 first)."""
     n, period = rounds[0].shape[0], len(rounds)
     check_size(n, "diagnostics")
-    partial = [np.eye(n)]                       # partial[s] = P_{s-1} ... P_0
+    partial = [np.eye(n)]  # partial[s] = P_{s-1} ... P_0
     for p in rounds:
         partial.append(p @ partial[-1])
     w = partial[-1]
@@ -57,8 +60,15 @@ def diagnose(rounds: list[np.ndarray], shrink: float = 100.0) -> Diagnostics:
     letters = sum(int((p > 0).sum() - (np.diag(p) > 0).sum()) for p in rounds) / (n * period)
     contraction = _norm(w - j)
     exact = _norm(w - 1.0 / n) < _EXACT
-    return Diagnostics(n, period, letters, 0.0 if contraction < _EXACT else contraction, exact,
-                       _rounds_to(partial, j, 1.0 / shrink), shrink)
+    return Diagnostics(
+        n,
+        period,
+        letters,
+        0.0 if contraction < _EXACT else contraction,
+        exact,
+        _rounds_to(partial, j, 1.0 / shrink),
+        shrink,
+    )
 
 
 def _perron(w: np.ndarray) -> np.ndarray:
@@ -88,7 +98,7 @@ def _rounds_to(partial: list[np.ndarray], j: np.ndarray, target: float) -> int |
         if len(powers) > _MAX_DOUBLINGS:
             return None
         powers.append(powers[-1] @ powers[-1])
-    before, periods = np.eye(len(w)), 0             # the most whole periods still above target
+    before, periods = np.eye(len(w)), 0  # the most whole periods still above target
     for k in range(len(powers) - 2, -1, -1):
         candidate = powers[k] @ before
         if _norm(candidate - j) > target:
@@ -113,8 +123,10 @@ def table(make, names: list[str], sizes: list[int], shrink: float = 100.0) -> st
                 continue
             d = diagnose([topology.at(r).matrix for r in range(topology.period)], shrink)
             rounds = "never" if d.rounds_to_target is None else str(d.rounds_to_target)
-            lines.append(f"| {name} | {n} | {d.period} | {d.letters_per_round:g} | {d.contraction:.4g} | "
-                         f"{rounds} | {'yes' if d.exact else 'no'} |")
+            lines.append(
+                f"| {name} | {n} | {d.period} | {d.letters_per_round:g} | {d.contraction:.4g} | "
+                f"{rounds} | {'yes' if d.exact else 'no'} |"
+            )
     return "\n".join(lines)
 
 
@@ -125,12 +137,16 @@ def _short(message: str) -> str:
 def summary_lines(d: Diagnostics) -> list[str]:
     """describe()'s lines for the diagnostics, worded for someone choosing a topology."""
     per = f"per period ({d.period} rounds)" if d.period > 1 else "per round"
-    lines = [f"letters sent per agent per round: {d.letters_per_round:g} (bytes = that x the model size)",
-             f"contraction {per}: {d.contraction:.4f} (largest singular value of the period product minus "
-             "its consensus projection)"]
+    lines = [
+        f"letters sent per agent per round: {d.letters_per_round:g} (bytes = that x the model size)",
+        f"contraction {per}: {d.contraction:.4f} (largest singular value of the period product minus "
+        "its consensus projection)",
+    ]
     if d.exact:
-        lines.append(f"one period's product averages exactly: yes (all agents hold the mean after {d.period} "
-                     f"round{'s' if d.period > 1 else ''})")
+        lines.append(
+            f"one period's product averages exactly: yes (all agents hold the mean after {d.period} "
+            f"round{'s' if d.period > 1 else ''})"
+        )
     else:
         lines.append("one period's product averages exactly: no")
     if d.rounds_to_target is None:

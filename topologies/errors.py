@@ -1,4 +1,5 @@
 """The one error type of the package, and the integer check every constructor shares."""
+
 from __future__ import annotations
 
 import operator

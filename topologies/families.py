@@ -10,6 +10,7 @@ exponential graph (Ying et al., NeurIPS 2021), the hypercube, the 2-D torus and 
 regular graphs. Weights are uniform over self and the round's in-peers (the PALA update), so
 every matrix here is row-stochastic, and doubly stochastic because each round is regular.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ import numpy as np
 
 from .errors import TopologyError, _integer
 
-_REGULAR_TRIES = 1000     # pairing-model draws before random-regular gives up on a (n, degree)
+_REGULAR_TRIES = 1000  # pairing-model draws before random-regular gives up on a (n, degree)
 
 
 def _log2_floor(m: int) -> int:
@@ -41,7 +42,7 @@ def _forward_backward(n: int, offsets, passive_backward_first: bool) -> list[lis
         backward_first = passive_backward_first and rank % 2 == 0
         for o in offsets:
             f, b = (rank + o) % n, (rank - o) % n
-            for peer in ((b, f) if backward_first else (f, b)):
+            for peer in (b, f) if backward_first else (f, b):
                 if peer != rank and peer not in group:
                     group.append(peer)
         book.append(group)
@@ -60,13 +61,13 @@ def phone_book(name: str, n: int) -> list[list[int]]:
     if n == 1:
         return [[]]
     top = _log2_floor(n - 1)
-    if name == "gala-exponential":          # DynamicDirectedExponentialGraph
-        return _forward_backward(n, [2 ** i for i in range(top + 1)], False)
-    if name == "bipartite-exponential":     # DynamicBipartiteExponentialGraph: odd offsets 1, 1 + 2^i
-        return _forward_backward(n, [1] + [1 + 2 ** i for i in range(1, top + 1)], True)
-    if name in ("directed-linear", "static-linear"):   # DynamicDirectedLinearGraph: odd offsets
+    if name == "gala-exponential":  # DynamicDirectedExponentialGraph
+        return _forward_backward(n, [2**i for i in range(top + 1)], False)
+    if name == "bipartite-exponential":  # DynamicBipartiteExponentialGraph: odd offsets 1, 1 + 2^i
+        return _forward_backward(n, [1] + [1 + 2**i for i in range(1, top + 1)], True)
+    if name in ("directed-linear", "static-linear"):  # DynamicDirectedLinearGraph: odd offsets
         return _forward_backward(n, range(1, n, 2), False)
-    return _forward_backward(n, range(1, n, 2), True)   # DynamicBipartiteLinearGraph: offsets changing parity
+    return _forward_backward(n, range(1, n, 2), True)  # DynamicBipartiteLinearGraph: offsets changing parity
 
 
 def _from_adjacency(sends: np.ndarray) -> np.ndarray:
@@ -84,8 +85,9 @@ def _phone_book_rounds(name: str, n: int, options: Mapping[str, Any]) -> tuple[l
     if "peers_per_round" in options:
         k = _integer(options["peers_per_round"], "peers_per_round")
         if not 1 <= k <= max(size, 1):
-            raise TopologyError(f"peers_per_round must be from 1 to {size} (the phone book's length) for {name} "
-                                f"with n={n}, got {k}")
+            raise TopologyError(
+                f"peers_per_round must be from 1 to {size} (the phone book's length) for {name} with n={n}, got {k}"
+            )
         normalized["peers_per_round"] = k
     if size == 0:
         return [np.eye(1)], normalized
@@ -107,7 +109,7 @@ def _one_peer_exponential(n: int, options: Mapping[str, Any]) -> tuple[list[np.n
     rounds = []
     for t in range(_log2_floor(n - 1) + 1):
         sends = np.zeros((n, n), dtype=bool)
-        sends[np.arange(n), (np.arange(n) + 2 ** t) % n] = True
+        sends[np.arange(n), (np.arange(n) + 2**t) % n] = True
         rounds.append(_from_adjacency(sends))
     return rounds, {}
 
@@ -163,8 +165,10 @@ def _random_regular(n: int, options: Mapping[str, Any]) -> tuple[list[np.ndarray
         seed = _integer(options["seed"], "seed")
         normalized["seed"] = seed
     if not 1 <= degree <= n - 1 or (n * degree) % 2:
-        raise TopologyError(f"degree must be from 1 to {n - 1} with n * degree even (every edge has two ends), "
-                            f"got degree={degree} for n={n}")
+        raise TopologyError(
+            f"degree must be from 1 to {n - 1} with n * degree even (every edge has two ends), "
+            f"got degree={degree} for n={n}"
+        )
     if n == 1:
         return [np.eye(1)], normalized
     rng = np.random.default_rng(seed)
@@ -177,8 +181,10 @@ def _random_regular(n: int, options: Mapping[str, Any]) -> tuple[list[np.ndarray
         sends[a, b] = sends[b, a] = True
         if sends.sum() == n * degree and _connected(sends):
             return [_from_adjacency(sends)], normalized
-    raise TopologyError(f"no connected simple {degree}-regular graph on {n} agents in {_REGULAR_TRIES} draws "
-                        f"with seed {seed}; try another seed or a degree far from n - 1")
+    raise TopologyError(
+        f"no connected simple {degree}-regular graph on {n} agents in {_REGULAR_TRIES} draws "
+        f"with seed {seed}; try another seed or a degree far from n - 1"
+    )
 
 
 def _connected(sym: np.ndarray) -> bool:
@@ -207,8 +213,10 @@ def metropolis_hastings(adjacency: np.ndarray) -> np.ndarray:
     np.fill_diagonal(a, False)
     if not (a == a.T).all():
         i, j = np.argwhere(a != a.T)[0]
-        raise TopologyError(f"Metropolis-Hastings weights need an undirected graph, but the edge between "
-                            f"{min(i, j)} and {max(i, j)} goes one way only")
+        raise TopologyError(
+            f"Metropolis-Hastings weights need an undirected graph, but the edge between "
+            f"{min(i, j)} and {max(i, j)} goes one way only"
+        )
     degree = a.sum(axis=1)
     w = np.where(a, 1.0 / (1.0 + np.maximum.outer(degree, degree)), 0.0)
     np.fill_diagonal(w, 1.0 - w.sum(axis=1))
@@ -216,8 +224,13 @@ def metropolis_hastings(adjacency: np.ndarray) -> np.ndarray:
 
 
 Builder = Callable[[int, Mapping[str, Any]], "tuple[list[np.ndarray], dict]"]
-PHONE_BOOK_FAMILIES = ("gala-exponential", "bipartite-exponential", "bipartite-linear", "directed-linear",
-                       "static-linear")
+PHONE_BOOK_FAMILIES = (
+    "gala-exponential",
+    "bipartite-exponential",
+    "bipartite-linear",
+    "directed-linear",
+    "static-linear",
+)
 FAMILIES: dict[str, tuple[tuple[str, ...], Builder]] = {
     **{name: (("peers_per_round",), partial(_phone_book_rounds, name)) for name in PHONE_BOOK_FAMILIES},
     "one-peer-exponential": ((), _one_peer_exponential),

@@ -16,6 +16,7 @@ The paths:
 - paper: PALA's path, a multiprocessing Manager ListProxy holding pickle+base64 strings, with the
   turn locks as boolean flags polled through the proxy.
 """
+
 from __future__ import annotations
 
 import base64
@@ -56,20 +57,25 @@ def _round_times(step, rounds: int, warmup: int) -> list[float]:
 
 # ---------------------------------------------------------------- agents (run in child processes)
 
+
 def _gossiprl_agent(address, rank, numel, rounds, warmup, codec, pingpong, out):
     x = _payload(numel, rank)
     with GossipClient(address, rank, codec=codec) as client:
         if not pingpong:
+
             def step(_):
                 client.exchange({"params": x})
         elif rank == 0:
+
             def step(_):
                 client.publish({"params": x})
                 client.collect()
         else:
+
             def step(_):
                 client.collect()
                 client.publish({"params": x})
+
         out.put((rank, _round_times(step, rounds, warmup)))
 
 
@@ -120,6 +126,7 @@ def _paper_agent(slots, flags, n, rank, numel, rounds, warmup, pingpong, out):
 
 # ---------------------------------------------------------------- harness
 
+
 def _run_agents(ctx, target, args_for, n) -> float:
     """Start n agents, gather their per-round times, return the median round time (seconds)."""
     out = ctx.Queue()
@@ -161,8 +168,9 @@ def measure_memcpy(numel: int, repeats: int = 50) -> float:
     return statistics.median(times)
 
 
-def measure_relay(n: int, numel: int, rounds: int, warmup: int, transport: str = "tcp",
-                  pingpong: bool = False) -> float:
+def measure_relay(
+    n: int, numel: int, rounds: int, warmup: int, transport: str = "tcp", pingpong: bool = False
+) -> float:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         sock = zmq.Context.instance().socket(zmq.ROUTER)
@@ -180,13 +188,15 @@ def measure_relay(n: int, numel: int, rounds: int, warmup: int, transport: str =
             sock.close()
 
 
-def measure_gossiprl(n: int, numel: int, rounds: int, warmup: int, transport: str = "tcp",
-                     codec: str = "raw", pingpong: bool = False) -> float:
+def measure_gossiprl(
+    n: int, numel: int, rounds: int, warmup: int, transport: str = "tcp", codec: str = "raw", pingpong: bool = False
+) -> float:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         with Broker(topologies.make("ring", n), bind=_endpoint(transport, tmp, "broker")).start() as broker:
-            return _run_agents(ctx, _gossiprl_agent,
-                               lambda r: (broker.address, r, numel, rounds, warmup, codec, pingpong), n)
+            return _run_agents(
+                ctx, _gossiprl_agent, lambda r: (broker.address, r, numel, rounds, warmup, codec, pingpong), n
+            )
 
 
 def measure_paper(n: int, numel: int, rounds: int, warmup: int, pingpong: bool = False) -> float:
@@ -196,25 +206,45 @@ def measure_paper(n: int, numel: int, rounds: int, warmup: int, pingpong: bool =
         return _run_agents(ctx, _paper_agent, lambda r: (slots, flags, n, r, numel, rounds, warmup, pingpong), n)
 
 
-def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, warmup: int = 3,
-        transport: str = "tcp", paper_rounds: int = 10, echo=print) -> dict:
+def run(
+    agents=(2, 4, 8, 16),
+    numel: int = NATURE_CNN_PARAMS,
+    rounds: int = 30,
+    warmup: int = 3,
+    transport: str = "tcp",
+    paper_rounds: int = 10,
+    echo=print,
+) -> dict:
     """The whole comparison; returns a JSON-able dict and echoes a table as it goes."""
     mb = numel * 4 / 1e6
-    echo(f"payload {numel:,} float32 = {mb:.2f} MB, transport {transport}, {os.cpu_count()} cores, "
-         f"median of {rounds} rounds per agent ({paper_rounds} on the paper's path)")
-    result = {"payload_mb": mb, "transport": transport, "rounds": rounds, "cores": os.cpu_count(),
-              "memcpy_ms": measure_memcpy(numel) * 1e3}
+    echo(
+        f"payload {numel:,} float32 = {mb:.2f} MB, transport {transport}, {os.cpu_count()} cores, "
+        f"median of {rounds} rounds per agent ({paper_rounds} on the paper's path)"
+    )
+    result = {
+        "payload_mb": mb,
+        "transport": transport,
+        "rounds": rounds,
+        "cores": os.cpu_count(),
+        "memcpy_ms": measure_memcpy(numel) * 1e3,
+    }
     one_way = {
         "relay_ms": lambda: measure_relay(2, numel, rounds, warmup, transport, pingpong=True),
         "gossiprl_ms": lambda: measure_gossiprl(2, numel, rounds, warmup, transport, pingpong=True),
         "gossiprl_bf16_ms": lambda: measure_gossiprl(2, numel, rounds, warmup, transport, "bf16", pingpong=True),
         "paper_ms": lambda: measure_paper(2, numel, paper_rounds, 1, pingpong=True),
     }
-    labels = {"relay_ms": "raw ZeroMQ ROUTER relay", "gossiprl_ms": "gossiprl publish -> collect",
-              "gossiprl_bf16_ms": "gossiprl with --codec bf16", "paper_ms": "PALA paper: ListProxy+pickle+base64"}
+    labels = {
+        "relay_ms": "raw ZeroMQ ROUTER relay",
+        "gossiprl_ms": "gossiprl publish -> collect",
+        "gossiprl_bf16_ms": "gossiprl with --codec bf16",
+        "paper_ms": "PALA paper: ListProxy+pickle+base64",
+    }
     result["mix"] = measure_mix(numel)
-    echo(f"mix of one letter {result['mix']['mix_ms']:.2f} ms, plain axpy {result['mix']['axpy_ms']:.2f} ms: "
-         f"{result['mix']['ratio']:.2f}x (target <= 2x)")
+    echo(
+        f"mix of one letter {result['mix']['mix_ms']:.2f} ms, plain axpy {result['mix']['axpy_ms']:.2f} ms: "
+        f"{result['mix']['ratio']:.2f}x (target <= 2x)"
+    )
     echo("one way (ping-pong of 2 agents, half the round trip):")
     echo(f"  {'memcpy (floor)':38s} {result['memcpy_ms']:8.2f} ms")
     result["one_way"] = {}
@@ -224,15 +254,20 @@ def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, 
     ow = result["one_way"]
     ow["gossiprl_over_relay"] = ow["gossiprl_ms"] / ow["relay_ms"]
     ow["paper_over_gossiprl"] = ow["paper_ms"] / ow["gossiprl_ms"]
-    echo(f"  gossiprl / raw relay = {ow['gossiprl_over_relay']:.2f}x (target <= 1.3x);  "
-         f"paper / gossiprl = {ow['paper_over_gossiprl']:.1f}x (target >= 15x)")
+    echo(
+        f"  gossiprl / raw relay = {ow['gossiprl_over_relay']:.2f}x (target <= 1.3x);  "
+        f"paper / gossiprl = {ow['paper_over_gossiprl']:.1f}x (target >= 15x)"
+    )
 
     echo("ring round (every agent publishes and collects at once):")
     echo("  agents  relay ms/round  gossiprl ms/round  gossiprl/relay  paper ms/round  paper/gossiprl")
     result["ring"] = []
     for n in agents:
-        row = {"agents": n, "relay_ms": measure_relay(n, numel, rounds, warmup, transport) * 1e3,
-               "gossiprl_ms": measure_gossiprl(n, numel, rounds, warmup, transport) * 1e3}
+        row = {
+            "agents": n,
+            "relay_ms": measure_relay(n, numel, rounds, warmup, transport) * 1e3,
+            "gossiprl_ms": measure_gossiprl(n, numel, rounds, warmup, transport) * 1e3,
+        }
         row["ratio"] = row["gossiprl_ms"] / row["relay_ms"]
         line = f"  {n:6d}  {row['relay_ms']:14.2f}  {row['gossiprl_ms']:16.2f}  {row['ratio']:13.2f}x"
         if n == 2:  # the paper's spin-polled flags swamp a small machine beyond two agents
@@ -244,8 +279,7 @@ def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, 
     return result
 
 
-def measure_mix(numel: int = NATURE_CNN_PARAMS, reps: int = 50, torch_tensor: bool = False,
-                cold: bool = False) -> dict:
+def measure_mix(numel: int = NATURE_CNN_PARAMS, reps: int = 50, torch_tensor: bool = False, cold: bool = False) -> dict:
     """Median seconds of mix() of one letter against a plain axpy (x += m; x *= 0.5) over the same bytes.
 
     The two are timed alternately in one loop, so both see the same cache and load; the mix is

@@ -17,6 +17,7 @@ value is finite and measures the consensus distance), through a Broker in the pa
 "shm, axpy mix" mixes with GALA's plain ``x += m; x *= 0.5`` instead: the same work as the
 GALA-style row, so the two tell the transport's cost apart from the mixing's.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -30,13 +31,19 @@ import numpy as np
 
 import topologies
 
-from .comms import NATURE_CNN_PARAMS
 from ..comms.broker import Broker
+from .comms import NATURE_CNN_PARAMS
 
 ROWS = ("gala_shm", "gloo_ring", "gloo_allreduce", "broker", "shm", "direct", "shm_axpy")
-LABELS = {"gala_shm": "GALA-style shm+semaphores", "gloo_ring": "gloo ring send/recv",
-          "gloo_allreduce": "gloo all_reduce", "broker": "gossiprl broker relay",
-          "shm": "gossiprl shm", "direct": "gossiprl direct", "shm_axpy": "gossiprl shm, axpy mix"}
+LABELS = {
+    "gala_shm": "GALA-style shm+semaphores",
+    "gloo_ring": "gloo ring send/recv",
+    "gloo_allreduce": "gloo all_reduce",
+    "broker": "gossiprl broker relay",
+    "shm": "gossiprl shm",
+    "direct": "gossiprl direct",
+    "shm_axpy": "gossiprl shm, axpy mix",
+}
 
 
 def _times(step, rounds: int, warmup: int) -> list[float]:
@@ -55,6 +62,7 @@ def _x(numel: int, rank: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- agents (child processes)
 
+
 def _gala_agent(names, full, read, n, rank, numel, rounds, warmup, out):
     segs = [shared_memory.SharedMemory(name) for name in names]
     try:
@@ -72,7 +80,7 @@ def _gala_agent(names, full, read, n, rank, numel, rounds, warmup, out):
             read[peer].release()
 
         out.put((rank, _times(step, rounds, warmup)))
-        del mine, theirs
+        mine = theirs = None  # the segments cannot close while views of them live
     finally:
         for s in segs:
             s.close()
@@ -110,6 +118,7 @@ def _gossiprl_agent(address, rank, numel, rounds, warmup, plain_mix, out):
 
     x = _x(numel, rank)
     with GossipClient(address, rank, timeout=120) as client:
+
         def step():
             letters = client.exchange({"params": x})
             if plain_mix:
@@ -125,6 +134,7 @@ def _gossiprl_agent(address, rank, numel, rounds, warmup, plain_mix, out):
 
 
 # ---------------------------------------------------------------- harness
+
 
 def _slowest_median(ctx, target, args_for, n, timeout: float = 600) -> float:
     """Run n agents; per round the slowest agent's time; the median of that over rounds (seconds)."""
@@ -152,27 +162,31 @@ def measure(row: str, n: int, numel: int = NATURE_CNN_PARAMS, rounds: int = 30, 
                 full = [ctx.Semaphore(0) for _ in range(n)]
                 read = [ctx.Semaphore(1) for _ in range(n)]
                 names = [s.name for s in segs]
-                return _slowest_median(ctx, _gala_agent,
-                                       lambda r: (names, full, read, n, r, numel, rounds, warmup), n)
+                return _slowest_median(ctx, _gala_agent, lambda r: (names, full, read, n, r, numel, rounds, warmup), n)
             finally:
                 for s in segs:
                     s.close()
                     s.unlink()
         if row in ("gloo_ring", "gloo_allreduce"):
             store = os.path.join(tmp, "store")
-            return _slowest_median(ctx, _gloo_agent,
-                                   lambda r: (store, n, r, numel, rounds, warmup, row == "gloo_allreduce"), n)
+            return _slowest_median(
+                ctx, _gloo_agent, lambda r: (store, n, r, numel, rounds, warmup, row == "gloo_allreduce"), n
+            )
         plane = row.removesuffix("_axpy")
         with Broker(topologies.make("ring", n), bind=f"ipc://{tmp}/broker", data_plane=plane).start() as broker:
-            return _slowest_median(ctx, _gossiprl_agent,
-                                   lambda r: (broker.address, r, numel, rounds, warmup, plane != row), n)
+            return _slowest_median(
+                ctx, _gossiprl_agent, lambda r: (broker.address, r, numel, rounds, warmup, plane != row), n
+            )
 
 
-def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, warmup: int = 3,
-        rows=ROWS, echo=print) -> list[dict]:
+def run(
+    agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, warmup: int = 3, rows=ROWS, echo=print
+) -> list[dict]:
     """The side-by-side table; returns its rows (milliseconds) and echoes them as they come."""
-    echo(f"ring round, exchange + mix, {numel:,} float32 = {numel * 4 / 1e6:.2f} MB per letter, every agent a "
-         f"process, {os.cpu_count()} cores; median over {rounds} rounds of the slowest agent")
+    echo(
+        f"ring round, exchange + mix, {numel:,} float32 = {numel * 4 / 1e6:.2f} MB per letter, every agent a "
+        f"process, {os.cpu_count()} cores; median over {rounds} rounds of the slowest agent"
+    )
     echo("  agents  " + "  ".join(f"{LABELS[r]:>26s}" for r in rows) + "  shm/GALA  shm/gloo-ring  shm axpy/GALA")
     table = []
     for n in agents:
@@ -186,8 +200,11 @@ def run(agents=(2, 4, 8, 16), numel: int = NATURE_CNN_PARAMS, rounds: int = 30, 
         if "shm" in line and "gloo_ring" in line:
             line["shm_over_gloo_ring"] = line["shm"] / line["gloo_ring"]
         table.append(line)
-        echo(f"  {n:6d}  " + "  ".join(f"{line[r]:23.2f} ms" for r in rows)
-             + (f"  {line['shm_over_gala']:7.2f}x" if "shm_over_gala" in line else "")
-             + (f"  {line['shm_over_gloo_ring']:12.2f}x" if "shm_over_gloo_ring" in line else "")
-             + (f"  {line['shm_axpy_over_gala']:17.2f}x" if "shm_axpy_over_gala" in line else ""))
+        echo(
+            f"  {n:6d}  "
+            + "  ".join(f"{line[r]:23.2f} ms" for r in rows)
+            + (f"  {line['shm_over_gala']:7.2f}x" if "shm_over_gala" in line else "")
+            + (f"  {line['shm_over_gloo_ring']:12.2f}x" if "shm_over_gloo_ring" in line else "")
+            + (f"  {line['shm_axpy_over_gala']:17.2f}x" if "shm_axpy_over_gala" in line else "")
+        )
     return table

@@ -11,6 +11,7 @@ A round is ``GossipClient.exchange`` plus the plain ring mix ``x += m; x *= 0.5`
 the median over rounds of the slowest agent. Needs root and iproute2; without them it says why
 and measures nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,7 @@ def _remove_orphans() -> None:
     for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
         if name.startswith(PREFIX):
-            owner = name[len(PREFIX):].split("-")[0]
+            owner = name[len(PREFIX) :].split("-")[0]
             if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
                 _sh("ip", "netns", "del", name, check=False)
 
@@ -79,15 +80,36 @@ class Network:
                 _sh("ip", "-n", ns, "addr", "add", f"{self.ip[key]}/24", "dev", far)
                 for space, dev in ((self.switch, near), (ns, far)):
                     _sh("ip", "-n", space, "link", "set", dev, "up")
-                    _sh("ip", "netns", "exec", space, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                        "rate", rate, "burst", "256kb", "latency", "50ms")
+                    _sh(
+                        "ip",
+                        "netns",
+                        "exec",
+                        space,
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "root",
+                        "tbf",
+                        "rate",
+                        rate,
+                        "burst",
+                        "256kb",
+                        "latency",
+                        "50ms",
+                    )
         except BaseException:
             self.close()
             raise
 
     def run(self, host, *args) -> subprocess.Popen:
-        return subprocess.Popen(["ip", "netns", "exec", self.hosts[host], sys.executable, *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.hosts[host], sys.executable, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def close(self) -> None:
         for ns in (self.switch, *self.hosts.values()):
@@ -119,10 +141,27 @@ def measure(n: int, plane: str, numel: int, rounds: int, warmup: int, rate: str)
     broker = agents = None
     try:
         address = f"tcp://{net.ip['broker']}:{PORT}"
-        broker = net.run("broker", "-m", "gossiprl.cli", "broker", "--bind", address, "--insecure",
-                         "--agents", str(n), "--topology", "ring", "--data-plane", plane, "--stats-every", "0")
-        agents = [net.run(r, "-m", "gossiprl.bench.scale", "--agent", address, str(r), str(numel), str(rounds),
-                          str(warmup)) for r in range(n)]
+        broker = net.run(
+            "broker",
+            "-m",
+            "gossiprl.cli",
+            "broker",
+            "--bind",
+            address,
+            "--insecure",
+            "--agents",
+            str(n),
+            "--topology",
+            "ring",
+            "--data-plane",
+            plane,
+            "--stats-every",
+            "0",
+        )
+        agents = [
+            net.run(r, "-m", "gossiprl.bench.scale", "--agent", address, str(r), str(numel), str(rounds), str(warmup))
+            for r in range(n)
+        ]
         results = []
         for p in agents:
             out, err = p.communicate(timeout=900)
@@ -140,17 +179,27 @@ def measure(n: int, plane: str, numel: int, rounds: int, warmup: int, rate: str)
         net.close()
 
 
-def run(hosts=(2, 4, 8, 16), planes=("broker", "direct"), numel: int = 1_687_719, rounds: int = 10,
-        warmup: int = 2, rate: str = "1gbit", plot: str | None = "scale.png", echo=print) -> dict:
+def run(
+    hosts=(2, 4, 8, 16),
+    planes=("broker", "direct"),
+    numel: int = 1_687_719,
+    rounds: int = 10,
+    warmup: int = 2,
+    rate: str = "1gbit",
+    plot: str | None = "scale.png",
+    echo=print,
+) -> dict:
     """The scaling table (and plot); returns it as a dict, or {"skipped": why}."""
     why = unavailable()
     if why:
         echo(f"skipped: {why}")
         return {"skipped": why}
     _remove_orphans()
-    echo(f"ring of n hosts (network namespaces), each link {rate} each way (tc tbf), {numel * 4 / 1e6:.2f} MB "
-         f"letters, exchange + plain mix; median over {rounds} rounds of the slowest agent; {os.cpu_count()} cores")
-    echo("  hosts  " + "  ".join(f"{p + ' ms/round':>18s}" for p in planes) + "  direct / direct at n=%d" % hosts[0])
+    echo(
+        f"ring of n hosts (network namespaces), each link {rate} each way (tc tbf), {numel * 4 / 1e6:.2f} MB "
+        f"letters, exchange + plain mix; median over {rounds} rounds of the slowest agent; {os.cpu_count()} cores"
+    )
+    echo("  hosts  " + "  ".join(f"{p + ' ms/round':>18s}" for p in planes) + f"  direct / direct at n={hosts[0]}")
     table = []
     for n in hosts:
         row = {"hosts": n}

@@ -6,6 +6,7 @@ and no learning (for Atari: ale-py's C++ AtariVectorEnv, all cores). The swarm i
 its rate is the sum of the agents' steady-state frames/s. The ratio says how much of the
 simulator's speed the learner, the model and the gossip leave.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,9 @@ def raw_ceiling(env_id: str, num_envs: int, seconds: float, threads: int = 0) ->
     if is_atari(env_id):
         from ale_py.vector_env import AtariVectorEnv
 
-        env = AtariVectorEnv(atari_game(env_id), num_envs, num_threads=threads or os.cpu_count() or 1,
-                             frameskip=4, reward_clipping=False)
+        env = AtariVectorEnv(
+            atari_game(env_id), num_envs, num_threads=threads or os.cpu_count() or 1, frameskip=4, reward_clipping=False
+        )
         frames_per_step = 4
     else:
         import gymnasium as gym
@@ -51,25 +53,41 @@ def run(swarm, agent_cfg, seconds: float, echo=print) -> dict:
 
     env_id, agents = agent_cfg.env_id, swarm.agents
     total_envs = agents * agent_cfg.a2c.num_envs
-    echo(f"{env_id}: {agents} agents x {agent_cfg.a2c.num_envs} envs = {total_envs} envs, "
-         f"{os.cpu_count()} cores, device {agent_cfg.device}")
+    echo(
+        f"{env_id}: {agents} agents x {agent_cfg.a2c.num_envs} envs = {total_envs} envs, "
+        f"{os.cpu_count()} cores, device {agent_cfg.device}"
+    )
     ceiling = raw_ceiling(env_id, total_envs, min(seconds, 20.0))
     echo(f"  raw vector env, random actions      {ceiling:12,.0f} frames/s")
-    swarm = replace(swarm, total_frames=10 ** 12, max_seconds=seconds)
-    cfg = replace(agent_cfg, log_every=10 ** 9, checkpoint_every=10 ** 9)
+    swarm = replace(swarm, total_frames=10**12, max_seconds=seconds)
+    cfg = replace(agent_cfg, log_every=10**9, checkpoint_every=10**9)
     with tempfile.TemporaryDirectory(prefix="gossiprl-bench-") as tmp:
         summary = launch.run(swarm, cfg, Path(tmp) / "run", echo=echo, show_progress=False)
     idle = sorted(set(range(agents)) - {rank for rank, s in summary["per_agent"].items() if s["fps"]})
     if idle:
-        raise launch.RunError(f"agents {idle} trained no frame within {seconds:g}s (starting up took it all, e.g. on "
-                              "a loaded machine, or they failed): give --seconds more time")
+        raise launch.RunError(
+            f"agents {idle} trained no frame within {seconds:g}s (starting up took it all, e.g. on "
+            "a loaded machine, or they failed): give --seconds more time"
+        )
     agent_fps = sum(s["fps"] for s in summary["per_agent"].values())
-    shares = {k: float(np.mean([s[f"{k}_share"] for s in summary["per_agent"].values()]))
-              for k in ("rollout", "learn", "gossip")}
+    shares = {
+        k: float(np.mean([s[f"{k}_share"] for s in summary["per_agent"].values()]))
+        for k in ("rollout", "learn", "gossip")
+    }
     layout = f"{swarm.topology or 'no gossip'}, {swarm.mode}, {swarm.data_plane}"
     echo(f"  gossiprl training ({layout})  {agent_fps:12,.0f} frames/s")
     echo(f"  ratio to the ceiling                {agent_fps / ceiling:12.1%}")
     echo("  time per agent: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
-    return {"env": env_id, "agents": agents, "data_plane": swarm.data_plane, "envs_per_agent": agent_cfg.a2c.num_envs,
-            "seconds": seconds, "ceiling_fps": ceiling, "train_fps": agent_fps, "ratio": agent_fps / ceiling,
-            "time_shares": shares, "mean_return": summary["mean_return"], "cores": os.cpu_count()}
+    return {
+        "env": env_id,
+        "agents": agents,
+        "data_plane": swarm.data_plane,
+        "envs_per_agent": agent_cfg.a2c.num_envs,
+        "seconds": seconds,
+        "ceiling_fps": ceiling,
+        "train_fps": agent_fps,
+        "ratio": agent_fps / ceiling,
+        "time_shares": shares,
+        "mean_return": summary["mean_return"],
+        "cores": os.cpu_count(),
+    }

@@ -6,10 +6,24 @@ no sockets, no clock) -> ``broker`` / ``client`` (the ROUTER poll loop and the D
 ``dataplane`` (where the bytes travel) -> ``gossip`` (mixing letters into parameters). ``tensors``
 is the one module that knows torch tensors, and it never imports torch itself.
 """
+
 from .broker import Broker
 from .client import BrokerUnavailable, GossipClient, GossipError, GossipTimeout, PublishResult
 from .gossip import Gossip, MixError, MixResult, load_tensors, mix
 from .wire import PROTOCOL_VERSION, WireError
 
-__all__ = ["Broker", "GossipClient", "Gossip", "mix", "load_tensors", "MixResult", "MixError", "PublishResult",
-           "WireError", "GossipError", "BrokerUnavailable", "GossipTimeout", "PROTOCOL_VERSION"]
+__all__ = [
+    "Broker",
+    "GossipClient",
+    "Gossip",
+    "mix",
+    "load_tensors",
+    "MixResult",
+    "MixError",
+    "PublishResult",
+    "WireError",
+    "GossipError",
+    "BrokerUnavailable",
+    "GossipTimeout",
+    "PROTOCOL_VERSION",
+]

@@ -6,6 +6,7 @@ meets it: the poll loop, the checks (cheapest first: header, registration, then 
 schema), registration, and sending the replies the locks release. Payload frames are stored
 and forwarded as the zmq frames that arrived, never copied in Python.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,12 @@ MAX_HELLO_BYTES = 4096
 """The largest header an unregistered peer can make the broker parse; its payload frames are never read."""
 HANDSHAKE_MS = 5000
 """A connection that has not finished its ZMTP (or CURVE) handshake by then is closed."""
-REFUSALS = (zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+REFUSALS = (
+    zmq.EVENT_ACCEPT_FAILED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 """Socket events that mean a peer could not connect: counted and logged."""
 
 
@@ -73,14 +78,27 @@ class Broker:
     loopback needs ``curve`` or an explicit ``insecure=True``.
     """
 
-    def __init__(self, topology, bind: str = "tcp://127.0.0.1:0", *, mode: str = "sync",
-                 max_staleness: int | None = None, peer_timeout: float = 60.0,
-                 max_payload_bytes: int = wire.DEFAULT_MAX_PAYLOAD_BYTES,
-                 max_queued_replies: int = MAX_QUEUED_REPLIES, max_queued_bytes: int = MAX_QUEUED_BYTES,
-                 context: zmq.Context | None = None, curve=None, insecure: bool = False,
-                 data_plane: str = "broker"):
-        if isinstance(peer_timeout, bool) or not isinstance(peer_timeout, (int, float)) or not (
-                math.isfinite(peer_timeout) and peer_timeout > 0):
+    def __init__(
+        self,
+        topology,
+        bind: str = "tcp://127.0.0.1:0",
+        *,
+        mode: str = "sync",
+        max_staleness: int | None = None,
+        peer_timeout: float = 60.0,
+        max_payload_bytes: int = wire.DEFAULT_MAX_PAYLOAD_BYTES,
+        max_queued_replies: int = MAX_QUEUED_REPLIES,
+        max_queued_bytes: int = MAX_QUEUED_BYTES,
+        context: zmq.Context | None = None,
+        curve=None,
+        insecure: bool = False,
+        data_plane: str = "broker",
+    ):
+        if (
+            isinstance(peer_timeout, bool)
+            or not isinstance(peer_timeout, (int, float))
+            or not (math.isfinite(peer_timeout) and peer_timeout > 0)
+        ):
             raise ValueError(f"peer_timeout must be a finite number of seconds > 0, got {peer_timeout!r}")
         self.data_plane = check_plane(data_plane)
         self.locks = TurnLocks(topology, mode, max_staleness, open_letter=self._open_letter)
@@ -144,7 +162,7 @@ class Broker:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> "Broker":
+    def start(self) -> Broker:
         if self._thread is not None or self._closed:
             raise RuntimeError("a Broker serves once: start() was already called, or it is closed")
         self._thread = threading.Thread(target=self.serve_forever, name="gossiprl-broker", daemon=True)
@@ -253,8 +271,13 @@ class Broker:
                 return
             what = "accept failed" if event["event"] == zmq.EVENT_ACCEPT_FAILED else "handshake failed"
             self._note("connections-refused")
-            log.warning("broker: %s on %s (errno %s: %s)", what, event["endpoint"].decode(errors="replace"),
-                        event["value"], zmq.strerror(event["value"]))
+            log.warning(
+                "broker: %s on %s (errno %s: %s)",
+                what,
+                event["endpoint"].decode(errors="replace"),
+                event["value"],
+                zmq.strerror(event["value"]),
+            )
 
     # ------------------------------------------------------------ dispatch
 
@@ -267,13 +290,17 @@ class Broker:
             if sum(len(f) for f in body) > self.max_payload_bytes + wire.MAX_HEADER_BYTES:
                 raise wire.WireError(f"message over the {self.max_payload_bytes}-byte payload limit", "too-large")
             if identity not in self._by_identity and body and len(body[0]) > MAX_HELLO_BYTES:
-                raise wire.WireError(f"not registered: send HELLO first (until then, headers over "
-                                     f"{MAX_HELLO_BYTES} bytes are not read)", "not-registered")
+                raise wire.WireError(
+                    f"not registered: send HELLO first (until then, headers over {MAX_HELLO_BYTES} bytes are not read)",
+                    "not-registered",
+                )
             msg = wire.decode_header(body, self.max_payload_bytes)
             seq = msg.get("seq")
             if msg.cmd not in wire.CLIENT_COMMANDS:
-                raise wire.WireError(f"{msg.cmd} is a broker reply, not a request; valid requests: "
-                                     f"{', '.join(wire.CLIENT_COMMANDS)}", "unknown-command")
+                raise wire.WireError(
+                    f"{msg.cmd} is a broker reply, not a request; valid requests: {', '.join(wire.CLIENT_COMMANDS)}",
+                    "unknown-command",
+                )
             if msg.cmd == wire.HELLO:
                 self._on_hello(identity, msg, self._key_of(body[0]))
                 return
@@ -292,8 +319,9 @@ class Broker:
                 self._leave(agent, "said BYE", logging.INFO)
         except wire.WireError as err:
             self._count(err.code)
-            self._reply(identity, wire.ERROR, {"seq": seq if seq is not None else err.seq, "code": err.code,
-                                               "reason": str(err)})
+            self._reply(
+                identity, wire.ERROR, {"seq": seq if seq is not None else err.seq, "code": err.code, "reason": str(err)}
+            )
         except Exception:  # a bug here must not take the whole swarm down
             log.exception("broker: internal error while handling a message")
             self._count("internal")
@@ -304,8 +332,11 @@ class Broker:
         a blocking send would then freeze the broker for everyone. A registered peer whose queue is
         full has stopped reading: it is treated as gone, so the broker holds nothing more for it."""
         try:
-            self._sock.send_multipart([identity, *wire.encode(cmd, {**fields, "broker": self.instance}, frames)],
-                                      flags=zmq.NOBLOCK, copy=False)
+            self._sock.send_multipart(
+                [identity, *wire.encode(cmd, {**fields, "broker": self.instance}, frames)],
+                flags=zmq.NOBLOCK,
+                copy=False,
+            )
             return True
         except zmq.Again:
             self._note("undeliverable")
@@ -357,47 +388,67 @@ class Broker:
     def _on_hello(self, identity: bytes, msg: wire.Message, key: str | None) -> None:
         rank, n = msg["rank"], msg.get("n")
         if not 0 <= rank < self.topology.n:
-            raise wire.WireError(f"rank {rank} out of range; this swarm has ranks 0..{self.topology.n - 1}",
-                                 "rank-range")
+            raise wire.WireError(
+                f"rank {rank} out of range; this swarm has ranks 0..{self.topology.n - 1}", "rank-range"
+            )
         granted = self._curve.grants.get(key) if key is not None else None
         if granted is not None and rank not in granted:
-            raise wire.WireError(f"this agent's key may hold ranks {_ranges(granted)}, not rank {rank} "
-                                 "(the ranks line of its .key file in the broker's allow directory)",
-                                 "rank-forbidden")
+            raise wire.WireError(
+                f"this agent's key may hold ranks {_ranges(granted)}, not rank {rank} "
+                "(the ranks line of its .key file in the broker's allow directory)",
+                "rank-forbidden",
+            )
         if n is not None and n != self.topology.n:
-            raise wire.WireError(f"client expects {n} agents, the broker's topology has {self.topology.n}",
-                                 "topology-mismatch")
+            raise wire.WireError(
+                f"client expects {n} agents, the broker's topology has {self.topology.n}", "topology-mismatch"
+            )
         digest = msg.get("topology")
         if digest is not None and digest != self._digest:
-            raise wire.WireError("client's topology differs from the broker's (digest mismatch)",
-                                 "topology-mismatch")
+            raise wire.WireError("client's topology differs from the broker's (digest mismatch)", "topology-mismatch")
         agent = self._agents[rank]
         now = time.monotonic()
         if agent.identity not in (None, identity) and now - agent.last_seen < self.peer_timeout:
             if msg.get("takeover") is not True:
                 raise wire.WireError(f"rank {rank} is already registered by a live agent", "rank-taken")
             if key != agent.key:
-                raise wire.WireError(f"rank {rank} is held with another key: only the same key may take it over",
-                                     "rank-taken")
+                raise wire.WireError(
+                    f"rank {rank} is held with another key: only the same key may take it over", "rank-taken"
+                )
         if agent.identity is not None:
             self._by_identity.pop(agent.identity, None)
             agent.queued.clear()
             if agent.identity != identity:
                 for parked in self.locks.cancel(rank):
-                    self._reply(agent.identity, wire.ERROR, {
-                        "seq": parked.seq, "code": "taken-over",
-                        "reason": f"rank {rank} was registered again by another connection; "
-                                  "this request will never be answered"})
+                    self._reply(
+                        agent.identity,
+                        wire.ERROR,
+                        {
+                            "seq": parked.seq,
+                            "code": "taken-over",
+                            "reason": f"rank {rank} was registered again by another connection; "
+                            "this request will never be answered",
+                        },
+                    )
         agent.identity, agent.key, agent.last_seen = identity, key, now
         agent.registrations += 1
         self._said_bye.discard(rank)
         self._by_identity[identity] = agent
-        self._reply(identity, wire.WELCOME, {
-            "seq": msg.get("seq"), "rank": rank, "n": self.topology.n, "round": self.locks.ranks[rank].round,
-            "mode": self.mode, "max_staleness": self.max_staleness, "peer_timeout": self.peer_timeout,
-            "max_payload": self.max_payload_bytes, "topology": self._welcome_topology,
-            **({"data_plane": self.data_plane} if self.data_plane != "broker" else {}),
-        })
+        self._reply(
+            identity,
+            wire.WELCOME,
+            {
+                "seq": msg.get("seq"),
+                "rank": rank,
+                "n": self.topology.n,
+                "round": self.locks.ranks[rank].round,
+                "mode": self.mode,
+                "max_staleness": self.max_staleness,
+                "peer_timeout": self.peer_timeout,
+                "max_payload": self.max_payload_bytes,
+                "topology": self._welcome_topology,
+                **({"data_plane": self.data_plane} if self.data_plane != "broker" else {}),
+            },
+        )
         if rank in self.locks.gone_ranks:
             log.warning("broker: agent %d is back; rewiring the topology to include it", rank)
         self._send(self.locks.rejoin(rank, now))
@@ -432,13 +483,17 @@ class Broker:
         wire.decode_payload(msg, self.max_payload_bytes)
         key = tuple(spec.schema_key for spec in msg.specs)
         if self._schema is not None and key != self._schema:
-            raise wire.WireError(f"tensor schema {_describe(key)} differs from the swarm's {_describe(self._schema)} "
-                                 "(names, dtypes and shapes must match)", "schema-mismatch")
+            raise wire.WireError(
+                f"tensor schema {_describe(key)} differs from the swarm's {_describe(self._schema)} "
+                "(names, dtypes and shapes must match)",
+                "schema-mismatch",
+            )
         self._schema = key
         nbytes = sum(spec.nbytes for spec in msg.specs) if msg.frames else 0  # a reference alone moves no bytes here
         header = {"tensors": msg["tensors"], **({"ref": msg["ref"]} if "ref" in msg.header else {})}
-        self._send(self.locks.publish(agent.rank, msg["seq"], msg["round"], header, msg.frames, nbytes,
-                                      time.monotonic()))
+        self._send(
+            self.locks.publish(agent.rank, msg["seq"], msg["round"], header, msg.frames, nbytes, time.monotonic())
+        )
 
     def _on_collect(self, agent: Agent, msg: wire.Message) -> None:
         """A reader that could not open some writers' references names them: those edges are relayed
@@ -481,17 +536,30 @@ class Broker:
         agents = {}
         for a, r in zip(list(self._agents.values()), self.locks.ranks):
             agents[a.rank] = {
-                "registered": a.identity is not None, "round": r.round, "publishes": r.publishes,
-                "collects": r.collects, "bytes_in": r.bytes_in, "bytes_out": r.bytes_out,
-                "publish_wait_s": round(r.publish_wait_s, 6), "collect_wait_s": round(r.collect_wait_s, 6),
+                "registered": a.identity is not None,
+                "round": r.round,
+                "publishes": r.publishes,
+                "collects": r.collects,
+                "bytes_in": r.bytes_in,
+                "bytes_out": r.bytes_out,
+                "publish_wait_s": round(r.publish_wait_s, 6),
+                "collect_wait_s": round(r.collect_wait_s, 6),
                 "waited_on": {j: round(s, 6) for j, s in dict(r.waited_on).items()},
-                "registrations": a.registrations, "gone": a.rank in self.locks.gone_ranks,
+                "registrations": a.registrations,
+                "gone": a.rank in self.locks.gone_ranks,
                 "said_bye": a.rank in self._said_bye,
                 "parked": [k for k in ("publish", "collect") if getattr(r, k) is not None],
             }
-        return {"mode": self.mode, "address": self.address, "n": self.topology.n, "instance": self.instance,
-                "uptime_s": round(time.time() - self.started, 3), "errors": dict(self.errors),
-                "events": {**self.events, **self.locks.events}, "agents": agents}
+        return {
+            "mode": self.mode,
+            "address": self.address,
+            "n": self.topology.n,
+            "instance": self.instance,
+            "uptime_s": round(time.time() - self.started, 3),
+            "errors": dict(self.errors),
+            "events": {**self.events, **self.locks.events},
+            "agents": agents,
+        }
 
 
 def stats_line(stats: dict) -> str:
@@ -504,11 +572,13 @@ def stats_line(stats: dict) -> str:
     letters = sum(a["publishes"] for a in agents)
     moved = sum(a["bytes_in"] + a["bytes_out"] for a in agents)
     errors = sum(stats["errors"].values())
-    return (f"broker: {registered}/{stats['n']} agents registered, {left} left (BYE), {gone} gone; "
-            f"rounds {f'{min(rounds)}-{max(rounds)}' if rounds else 'none yet'}; {letters:,} letters, "
-            f"{_megabytes(moved)} through the broker; {errors} error(s)"
-            + (f" ({', '.join(f'{k} {v}' for k, v in sorted(stats['errors'].items()))})" if errors else "")
-            + f"; up {stats['uptime_s']:.0f}s")
+    return (
+        f"broker: {registered}/{stats['n']} agents registered, {left} left (BYE), {gone} gone; "
+        f"rounds {f'{min(rounds)}-{max(rounds)}' if rounds else 'none yet'}; {letters:,} letters, "
+        f"{_megabytes(moved)} through the broker; {errors} error(s)"
+        + (f" ({', '.join(f'{k} {v}' for k, v in sorted(stats['errors'].items()))})" if errors else "")
+        + f"; up {stats['uptime_s']:.0f}s"
+    )
 
 
 def _megabytes(nbytes: int) -> str:

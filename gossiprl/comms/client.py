@@ -7,12 +7,14 @@ has not opened yet) is told apart from a dead broker. ``liveness`` silent heartb
 row mean the broker is gone: the call raises BrokerUnavailable, the socket is rebuilt,
 and the next call registers again (ZeroMQ restores connections, not registrations).
 """
+
 from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import zmq
 
@@ -57,10 +59,22 @@ class GossipClient:
     ``curve=(secret_file, broker_public_file)`` authenticates to a CURVE broker (gossiprl.comms.keys).
     """
 
-    def __init__(self, address: str, rank: int, *, n: int | None = None, topology=None,
-                 timeout: float | None = None, heartbeat: float = 1.0, liveness: int = 3,
-                 codec: str = "raw", check_finite: bool = True, takeover: bool = False,
-                 context: zmq.Context | None = None, curve=None):
+    def __init__(
+        self,
+        address: str,
+        rank: int,
+        *,
+        n: int | None = None,
+        topology=None,
+        timeout: float | None = None,
+        heartbeat: float = 1.0,
+        liveness: int = 3,
+        codec: str = "raw",
+        check_finite: bool = True,
+        takeover: bool = False,
+        context: zmq.Context | None = None,
+        curve=None,
+    ):
         keys.check_endpoint(address)
         if codec not in wire.CODECS:
             raise ValueError(f"unknown codec {codec!r}; valid: {', '.join(wire.CODECS)}")
@@ -108,8 +122,9 @@ class GossipClient:
         """Reset the socket and say why the broker seems gone, with what the handshake events tell."""
         why = self._watch.diagnose() if self._watch is not None else None
         self._reset()
-        return BrokerUnavailable(f"rank {self.rank}: broker at {self.address} silent for {silent_s:.3g}s"
-                                 + (f"; {why}" if why else ""))
+        return BrokerUnavailable(
+            f"rank {self.rank}: broker at {self.address} silent for {silent_s:.3g}s" + (f"; {why}" if why else "")
+        )
 
     def _reset(self) -> None:
         """Drop the socket (and anything queued on it); the next call reconnects and registers."""
@@ -125,8 +140,7 @@ class GossipClient:
         """HELLO -> WELCOME: bind this rank, learn the topology, mode and the round to continue from."""
         if self._sock is None:
             self._connect()
-        fields = {"rank": self.rank, "n": self._expect_n, "topology": self._expect_digest,
-                  "takeover": self._takeover}
+        fields = {"rank": self.rank, "n": self._expect_n, "topology": self._expect_digest, "takeover": self._takeover}
         previous, self.broker = self.broker, None  # whichever broker answers is the one this registration is with
         (welcome,) = self._request([(wire.HELLO, fields, ())], register=False)
         # Registering again later (after a reset or a broker restart) is this same agent
@@ -148,8 +162,9 @@ class GossipClient:
             self._plane.close()
             self._plane = None
         if self._plane is None and plane != "broker":
-            self._plane = dataplane.AgentPlane(plane, self.address, self.mode, self._curve_files,
-                                               fetch_timeout=self.heartbeat * self.liveness)
+            self._plane = dataplane.AgentPlane(
+                plane, self.address, self.mode, self._curve_files, fetch_timeout=self.heartbeat * self.liveness
+            )
         elif self._plane is not None and restarted:
             self._plane.report_again()
 
@@ -275,8 +290,9 @@ class GossipClient:
             except _BrokerRestarted:
                 if attempt:
                     self._reset()
-                    raise BrokerUnavailable(f"rank {self.rank}: the broker at {self.address} restarted twice "
-                                            "during one call") from None
+                    raise BrokerUnavailable(
+                        f"rank {self.rank}: the broker at {self.address} restarted twice during one call"
+                    ) from None
             except GossipError as err:
                 if err.code != "not-registered" or not register or attempt:
                     raise
@@ -300,8 +316,9 @@ class GossipClient:
         while len(replies) < len(seqs):
             now = time.monotonic()
             if timeout is not None and now - start > timeout:
-                raise GossipTimeout(f"rank {self.rank}: no turn within {timeout:.3g}s "
-                                    f"(round {self.round}; the broker is alive)")
+                raise GossipTimeout(
+                    f"rank {self.rank}: no turn within {timeout:.3g}s (round {self.round}; the broker is alive)"
+                )
             if now - last_heard > self.heartbeat * self.liveness:
                 raise self._unavailable(now - last_heard)
             wait = self.heartbeat if timeout is None else min(self.heartbeat, max(0.0, start + timeout - now))
@@ -321,8 +338,9 @@ class GossipClient:
             seq = msg.get("seq")
             if self.broker is not None and msg.get("broker") not in (None, self.broker):
                 raise _BrokerRestarted()
-            if msg.cmd == wire.ERROR and (seq in seqs or seq is None
-                                          or seq in pings and msg.get("code") == "not-registered"):
+            if msg.cmd == wire.ERROR and (
+                seq in seqs or seq is None or seq in pings and msg.get("code") == "not-registered"
+            ):
                 raise GossipError(msg.get("code", "unknown"), msg.get("reason", "refused"))
             if seq in seqs:
                 replies[seq] = msg

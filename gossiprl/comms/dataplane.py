@@ -25,6 +25,7 @@ and counted, never mixed.
 Torch tensors are left to ``tensors``, which copies a CUDA one device-to-host once, straight
 into the slot.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,7 +39,8 @@ import stat
 import threading
 import time
 import uuid
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -58,9 +60,18 @@ HEADER_BYTES = 64
 SLOT_HEADER_BYTES = 64
 """Slot header: version (u64; odd while being written), round (i64), zero padding."""
 FETCH, LETTER = "FETCH", "LETTER"
-_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": np.uint16,
-           "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64, "uint8": np.uint8,
-           "bool": np.bool_}
+_DTYPES = {
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
+    "bfloat16": np.uint16,
+    "int8": np.int8,
+    "int16": np.int16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "uint8": np.uint8,
+    "bool": np.bool_,
+}
 
 
 def check_plane(plane: str) -> str:
@@ -140,7 +151,7 @@ class Segment:
 
     def payload(self, slot: int) -> memoryview:
         start = HEADER_BYTES + slot * (SLOT_HEADER_BYTES + self.slot_bytes) + SLOT_HEADER_BYTES
-        return memoryview(self.map)[start:start + self.slot_bytes]
+        return memoryview(self.map)[start : start + self.slot_bytes]
 
     def write(self, tensors: Mapping[str, Any], round: int) -> tuple[list[wire.TensorSpec], dict]:
         """Copy the letter into the next slot; returns its schema and the reference readers need."""
@@ -157,8 +168,14 @@ class Segment:
             copy_into(dst, value)
         head[1] = round
         head[0] = 2 * k + 2
-        return specs, {"pid": os.getpid(), "fd": self.fd, "token": self.token.hex(), "slot": slot,
-                       "version": 2 * k + 2, "host": host_id()}
+        return specs, {
+            "pid": os.getpid(),
+            "fd": self.fd,
+            "token": self.token.hex(),
+            "slot": slot,
+            "version": 2 * k + 2,
+            "host": host_id(),
+        }
 
     def close(self) -> None:
         if self.map is not None:
@@ -246,7 +263,7 @@ class ShmReader:
             return int(np.frombuffer(seg, np.int64, 1, start(s))[0])
 
         def payload_of(s):
-            return memoryview(seg)[start(s) + SLOT_HEADER_BYTES:start(s) + SLOT_HEADER_BYTES + slot_bytes]
+            return memoryview(seg)[start(s) + SLOT_HEADER_BYTES : start(s) + SLOT_HEADER_BYTES + slot_bytes]
 
         if copy:
             data = copy_whole(version_of, payload_of, slots, slot, int(ref["version"]), latest=True)
@@ -278,6 +295,7 @@ def _unmap(seg: mmap.mmap) -> None:
 
 # ------------------------------------------------------------------ direct: serving and fetching letters
 
+
 def _frame(header: dict) -> bytes:
     return msgpack.packb({"v": wire.PROTOCOL_VERSION, **header}, use_bin_type=True)
 
@@ -302,7 +320,7 @@ def advertised_host(broker_address: str) -> str:
     """The address this agent's letter server binds: the interface its broker is reached through."""
     if not broker_address.startswith("tcp://"):
         return "127.0.0.1"
-    host = broker_address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    host = broker_address[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
     if keys.is_loopback(broker_address):
         return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent: routing only
@@ -353,11 +371,20 @@ class LetterServer:
         seg, slot, version = self.segment, req.get("slot"), req.get("version")
         data = None
         if type(slot) is int and 0 <= slot < SLOTS and type(version) is int and seg.map is not None:
-            data = copy_whole(lambda s: int(seg._slot_header(s)[0]), seg.payload, SLOTS, slot, version,
-                              latest=req.get("latest") is True)
+            data = copy_whole(
+                lambda s: int(seg._slot_header(s)[0]),
+                seg.payload,
+                SLOTS,
+                slot,
+                version,
+                latest=req.get("latest") is True,
+            )
         ok = data is not None
-        self._sock.send_multipart([identity, _frame({"cmd": LETTER, "seq": req["seq"], "ok": ok}),
-                                   data if ok else b""], flags=zmq.NOBLOCK, copy=False)  # data is ours alone
+        self._sock.send_multipart(
+            [identity, _frame({"cmd": LETTER, "seq": req["seq"], "ok": ok}), data if ok else b""],
+            flags=zmq.NOBLOCK,
+            copy=False,
+        )  # data is ours alone
         self.served += ok
 
     def close(self) -> None:
@@ -376,8 +403,12 @@ class Fetcher:
     up on the edge.
     """
 
-    def __init__(self, curve_client: Mapping[int, bytes] | None = None, context: zmq.Context | None = None,
-                 patience: float = 10.0):
+    def __init__(
+        self,
+        curve_client: Mapping[int, bytes] | None = None,
+        context: zmq.Context | None = None,
+        patience: float = 10.0,
+    ):
         self._curve = dict(curve_client) if curve_client else None
         self._ctx = context or zmq.Context.instance()
         self._socks: dict[str, tuple[zmq.Socket, zmq.Socket]] = {}
@@ -394,8 +425,9 @@ class Fetcher:
                 opts = {**self._curve, zmq.CURVE_SERVERKEY: str(ref.get("key", "")).encode()}
                 for option, value in opts.items():
                     sock.setsockopt(option, value)
-            monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED,
-                                              addr=f"inproc://gossiprl-fetch-monitor-{uuid.uuid4().hex}")
+            monitor = sock.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_SUCCEEDED, addr=f"inproc://gossiprl-fetch-monitor-{uuid.uuid4().hex}"
+            )
             sock.connect(endpoint)
             self._socks[endpoint] = (sock, monitor)
         return self._socks[endpoint][0]
@@ -414,8 +446,9 @@ class Fetcher:
         monitor.close(linger=0)
         sock.close(linger=0)
 
-    def fetch(self, wanted: Mapping[int, tuple[Mapping, Sequence[wire.TensorSpec]]], timeout: float,
-              latest: bool = False) -> tuple[dict[int, dict], dict[str, list[int]]]:
+    def fetch(
+        self, wanted: Mapping[int, tuple[Mapping, Sequence[wire.TensorSpec]]], timeout: float, latest: bool = False
+    ) -> tuple[dict[int, dict], dict[str, list[int]]]:
         """Letters by writer rank, and the ranks lost: ``overwritten``, ``unreachable``, ``slow``.
         ``latest``: the newest whole letter will do (async mode, as ``copy_whole``)."""
         pending, got = {}, {}
@@ -424,8 +457,12 @@ class Fetcher:
             seq = next(self._seq)
             sock = self._sock(ref)
             try:
-                sock.send(_frame({"cmd": FETCH, "seq": seq, "slot": ref["slot"], "version": ref["version"],
-                                  "latest": latest}), flags=zmq.NOBLOCK)
+                sock.send(
+                    _frame(
+                        {"cmd": FETCH, "seq": seq, "slot": ref["slot"], "version": ref["version"], "latest": latest}
+                    ),
+                    flags=zmq.NOBLOCK,
+                )
             except zmq.Again:
                 lost["unreachable"].append(rank)
                 continue
@@ -466,6 +503,7 @@ class Fetcher:
 
 # ------------------------------------------------------------------ one agent's end of the data plane
 
+
 class AgentPlane:
     """What a GossipClient does differently when the broker carries references instead of bytes.
 
@@ -474,7 +512,8 @@ class AgentPlane:
     ``receive`` turns the references of a DELIVER into letters, from shared memory on this host
     or fetched from the writer's server. ``counts`` says which path each letter took and what
     was dropped: ``overwritten`` (a stale reference), ``unreachable`` (its edge then falls back to
-    the relay), ``slow`` (a writer that connected but did not answer in time), ``writer-gone`` (its process died before we mapped its segment) and
+    the relay), ``slow`` (a writer that connected but did not answer in time), ``writer-gone``
+    (its process died before we mapped its segment) and
     ``torn`` (a sync-mode letter changed under a mix: a broken promise, never expected).
     """
 
@@ -500,8 +539,20 @@ class AgentPlane:
         self.unreachable: set[int] = set()
         self._to_report: set[int] = set()
         self._reading: list[dict] = []
-        self.counts = {k: 0 for k in ("shm", "direct", "relay", "overwritten", "unreachable", "slow", "writer-gone", "torn",
-                                      "sent-inline")}
+        self.counts = {
+            k: 0
+            for k in (
+                "shm",
+                "direct",
+                "relay",
+                "overwritten",
+                "unreachable",
+                "slow",
+                "writer-gone",
+                "torn",
+                "sent-inline",
+            )
+        }
 
     def publish(self, tensors: Mapping[str, Any], round: int) -> tuple[dict, list]:
         if not self.acked:
@@ -522,7 +573,7 @@ class AgentPlane:
         frames = []
         if self.relay_to:  # some reader cannot reach us: the broker relays this letter's bytes to it
             buf = self.segment.payload(ref["slot"])
-            frames = [bytes(buf[o:o + s.nbytes]) for s, o in zip(specs, self.segment.offsets)]
+            frames = [bytes(buf[o : o + s.nbytes]) for s, o in zip(specs, self.segment.offsets)]
         return {"round": round, "tensors": [s.to_wire() for s in specs], "ref": ref}, frames
 
     def collect_fields(self) -> dict:

@@ -4,14 +4,16 @@ This is the layer between the transport (GossipClient) and the learner: it knows
 parameters (numpy arrays, or torch tensors on any device) but not about sockets. What it
 does to a torch tensor, ``tensors`` does, so importing this module does not import torch.
 """
+
 from __future__ import annotations
 
 import logging
 import math
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -101,13 +103,16 @@ def refuse_integers(own: Mapping[str, Any]) -> None:
     """Mixing integer tensors would truncate (7 and 9 average to 7, all-ones become zeros): refuse them."""
     for name, x in own.items():
         if not is_floating(x):
-            raise MixError(f"tensor {name!r} has dtype {dtype_name(x)}; gossip mixes only "
-                           "floating-point tensors: cast it to float32 (and round after mixing if it must stay whole)")
+            raise MixError(
+                f"tensor {name!r} has dtype {dtype_name(x)}; gossip mixes only "
+                "floating-point tensors: cast it to float32 (and round after mixing if it must stay whole)"
+            )
 
 
 def _same_schema(letter: Mapping[str, np.ndarray], own: Mapping[str, Any]) -> bool:
     return letter.keys() == own.keys() and all(
-        arr.dtype.kind == "f" and tuple(arr.shape) == tuple(own[name].shape) for name, arr in letter.items())
+        arr.dtype.kind == "f" and tuple(arr.shape) == tuple(own[name].shape) for name, arr in letter.items()
+    )
 
 
 def _flat_numpy(own: Mapping[str, Any]) -> list[tuple[str, np.ndarray]] | None:
@@ -133,8 +138,16 @@ class _Pass:
     own_bad: bool = False
 
 
-def mix(params: Any, msgs: Mapping[int, Mapping[str, np.ndarray]], weights: Mapping[int, float], rank: int,
-        *, check_finite: bool = True, aggregate: str = "mean", bound: DeviationBound | None = None) -> MixResult:
+def mix(
+    params: Any,
+    msgs: Mapping[int, Mapping[str, np.ndarray]],
+    weights: Mapping[int, float],
+    rank: int,
+    *,
+    check_finite: bool = True,
+    aggregate: str = "mean",
+    bound: DeviationBound | None = None,
+) -> MixResult:
     """x_rank <- w_rank x_rank + sum_j w_j m_j, in place, over the letters that arrived.
 
     ``weights`` is this rank's row of the mixing matrix (GossipClient.weights). When some
@@ -173,25 +186,27 @@ def mix(params: Any, msgs: Mapping[int, Mapping[str, np.ndarray]], weights: Mapp
         if not found.bad:
             if bound is not None:
                 bound.accept([found.sq[j] ** 0.5 for j in usable])
-            result = MixResult(len(usable), dropped, found.consensus_sq ** 0.5 / (1.0 - w_self))
+            result = MixResult(len(usable), dropped, found.consensus_sq**0.5 / (1.0 - w_self))
             break
         dropped.extend(found.bad)
         usable = {j: m for j, m in usable.items() if j not in found.bad}
     if dropped:
-        log.warning("rank %d: dropped letters from %s (non-finite, beyond the deviation bound, or wrong schema)",
-                    rank, dropped)
+        log.warning(
+            "rank %d: dropped letters from %s (non-finite, beyond the deviation bound, or wrong schema)", rank, dropped
+        )
     return result
 
 
 def _beyond(found: _Pass, bound: DeviationBound | None) -> list[int]:
     if bound is None:
         return []
-    limit = bound.limit(found.own_sq ** 0.5)
-    return [j for j, sq in found.sq.items() if sq ** 0.5 > limit]
+    limit = bound.limit(found.own_sq**0.5)
+    return [j for j, sq in found.sq.items() if sq**0.5 > limit]
 
 
-def _fused_mean(views, letters, w_self: float, w_peers: dict[int, float], check_finite: bool,
-                bound: DeviationBound | None) -> _Pass:
+def _fused_mean(
+    views, letters, w_self: float, w_peers: dict[int, float], check_finite: bool, bound: DeviationBound | None
+) -> _Pass:
     """The weighted mean in one sweep over memory: x += sum_j w_j (m_j - x), block by block.
 
     Each block of ours and of the letters is read once from memory; the finite check, the
@@ -221,7 +236,7 @@ def _sweep(views, letters, w_peers, check_finite, limit_sq: float, found: _Pass,
         flat = [(j, w, letters[j][name].reshape(-1)) for j, w in w_peers.items()]
         for a in range(0, x.size, CHUNK):
             b = min(a + CHUNK, x.size)
-            xc, d = x[a:b], step[:b - a]
+            xc, d = x[a:b], step[: b - a]
             for i, (j, w, m) in enumerate(flat):
                 np.subtract(m[a:b], xc, out=d)
                 q = float(np.dot(d, d))
@@ -238,12 +253,12 @@ def _sweep(views, letters, w_peers, check_finite, limit_sq: float, found: _Pass,
                     np.multiply(d, w, out=d)
                     np.add(xc, d, out=xc, casting="unsafe")
                 elif i == 0:
-                    np.multiply(d, w, out=total[:b - a])
+                    np.multiply(d, w, out=total[: b - a])
                 else:
                     np.multiply(d, w, out=d)
-                    np.add(total[:b - a], d, out=total[:b - a])
+                    np.add(total[: b - a], d, out=total[: b - a])
             if total is not None:
-                mean_step = total[:b - a]
+                mean_step = total[: b - a]
                 found.consensus_sq += float(np.dot(mean_step, mean_step))
                 np.add(xc, mean_step, out=xc, casting="unsafe")
             done.append((name, a, b))
@@ -258,8 +273,15 @@ def _restore(views, letters, done, w_self: float, w_peers: dict[int, float]) -> 
         xc /= w_self
 
 
-def _careful(own: Mapping[str, Any], letters, w_self: float, w_peers: dict[int, float], check_finite: bool,
-             aggregate: str, bound: DeviationBound | None) -> _Pass:
+def _careful(
+    own: Mapping[str, Any],
+    letters,
+    w_self: float,
+    w_peers: dict[int, float],
+    check_finite: bool,
+    aggregate: str,
+    bound: DeviationBound | None,
+) -> _Pass:
     """Any aggregate, on any device: measure every letter first, write only if all are usable.
 
     Used for CUDA and bfloat16 tensors, the robust aggregates, and adopt (no weight of our
@@ -301,7 +323,7 @@ def _robust(aggregate: str, values: list):
     if aggregate == "median":
         return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
     cut = max(1, n // 4) if n >= 3 else 0
-    return ordered[cut:n - cut].mean(0)
+    return ordered[cut : n - cut].mean(0)
 
 
 def load_tensors(target: Any, arrays: Mapping[str, np.ndarray]) -> None:
@@ -332,9 +354,16 @@ class Gossip:
     are already non-finite (``gossip/refused``). ``aggregate`` chooses mean | trimmed-mean | median.
     """
 
-    def __init__(self, client: GossipClient, name: str = "params", check_finite: bool = True,
-                 backoff: float = 1.0, max_backoff: float = 30.0, aggregate: str = "mean",
-                 deviation_bound: float | None = DEFAULT_DEVIATION_BOUND):
+    def __init__(
+        self,
+        client: GossipClient,
+        name: str = "params",
+        check_finite: bool = True,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        aggregate: str = "mean",
+        deviation_bound: float | None = DEFAULT_DEVIATION_BOUND,
+    ):
         if aggregate not in AGGREGATES:
             raise ValueError(f"unknown aggregate {aggregate!r}; valid: {', '.join(AGGREGATES)}")
         self.client = client
@@ -368,16 +397,29 @@ class Gossip:
                 self._next_backoff = min(2 * self._next_backoff, self.max_backoff)
         t1 = time.perf_counter()
         if msgs is not None:
-            result = mix({self.name: params}, msgs, self.client.last_weights, self.client.rank,
-                         check_finite=self.check_finite, aggregate=self.aggregate, bound=self.bound)
+            result = mix(
+                {self.name: params},
+                msgs,
+                self.client.last_weights,
+                self.client.rank,
+                check_finite=self.check_finite,
+                aggregate=self.aggregate,
+                bound=self.bound,
+            )
             self.dropped += len(result.dropped)
             self.refused += result.refused
         t2 = time.perf_counter()
-        return {"gossip/wait_s": t1 - t0, "gossip/mix_s": t2 - t1, "gossip/round": float(self.client.round),
-                "gossip/peers": float(result.peers), "gossip/dropped": float(self.dropped),
-                "gossip/refused": float(self.refused),
-                "gossip/consensus_distance": result.consensus_distance,
-                "gossip/failures": float(self.failures), "gossip/skipped": float(self.skipped)}
+        return {
+            "gossip/wait_s": t1 - t0,
+            "gossip/mix_s": t2 - t1,
+            "gossip/round": float(self.client.round),
+            "gossip/peers": float(result.peers),
+            "gossip/dropped": float(self.dropped),
+            "gossip/refused": float(self.refused),
+            "gossip/consensus_distance": result.consensus_distance,
+            "gossip/failures": float(self.failures),
+            "gossip/skipped": float(self.skipped),
+        }
 
     def adopt(self, params: Any) -> int:
         """Start from the in-peers' parameters instead of our own: their mean, written into ``params``.

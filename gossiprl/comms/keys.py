@@ -10,6 +10,7 @@ completes the ZeroMQ handshake, so none of its bytes reach the broker's message 
 Key files are the ZeroMQ certificate format (``NAME.key`` public, ``NAME.key_secret`` secret),
 so keys made with other ZeroMQ tools work too. Nothing here imports torch or gymnasium.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -33,12 +34,15 @@ ZAP_DOMAIN = "gossiprl"
 SECRET_SUFFIX = ".key_secret"
 PUBLIC_SUFFIX = ".key"
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-HOW_TO_MAKE_KEYS = ("make keys with `gossiprl keys generate DIR` and start the broker with "
-                    "--curve-secret DIR/broker.key_secret --curve-allow DIR_OF_AGENT_PUBLIC_KEYS "
-                    "(Python: Broker(curve=(secret_file, allow_dir)))")
+HOW_TO_MAKE_KEYS = (
+    "make keys with `gossiprl keys generate DIR` and start the broker with "
+    "--curve-secret DIR/broker.key_secret --curve-allow DIR_OF_AGENT_PUBLIC_KEYS "
+    "(Python: Broker(curve=(secret_file, allow_dir)))"
+)
 
 
 # ------------------------------------------------------------------ files
+
 
 def generate(directory, name: str) -> tuple[Path, Path]:
     """Write a new key pair ``NAME.key`` / ``NAME.key_secret`` into ``directory``; returns their paths.
@@ -77,8 +81,10 @@ def load_secret(path) -> tuple[bytes, bytes]:
         raise ValueError(f"{path}: the secret key does not match the public key in the same file (corrupted?)")
     mode = stat.S_IMODE(Path(path).stat().st_mode)
     if mode & 0o077:
-        raise PermissionError(f"{path} is open to other users (mode {mode:o}), so its secret key may be "
-                              f"known to them; refusing it, as ssh does: chmod 600 {path}")
+        raise PermissionError(
+            f"{path} is open to other users (mode {mode:o}), so its secret key may be "
+            f"known to them; refusing it, as ssh does: chmod 600 {path}"
+        )
     return public, secret
 
 
@@ -101,8 +107,10 @@ def load_allowed(directory) -> frozenset[bytes]:
     for path in (directory, *sorted(directory.glob(f"*{PUBLIC_SUFFIX}"))):
         mode = stat.S_IMODE(path.stat().st_mode)
         if mode & 0o022:
-            raise PermissionError(f"{path} is writable by other users (mode {mode:o}), who could add their own "
-                                  f"key to the allowed ones; refusing it, as ssh does: chmod go-w {path}")
+            raise PermissionError(
+                f"{path} is writable by other users (mode {mode:o}), who could add their own "
+                f"key to the allowed ones; refusing it, as ssh does: chmod go-w {path}"
+            )
     keys = frozenset(load_public(p) for p in sorted(directory.glob(f"*{PUBLIC_SUFFIX}")))
     if not keys:
         raise ValueError(f"{directory} holds no *.key public keys; copy each agent's NAME.key there")
@@ -141,8 +149,10 @@ def _read_certificate(path, what: str) -> tuple[bytes, bytes | None]:
     except (ValueError, UnicodeDecodeError):
         public = None
     if public is None:
-        raise ValueError(f"{path} is not a ZeroMQ CURVE certificate (expected a 'public-key = \"...\"' line "
-                         "as written by `gossiprl keys generate`)")
+        raise ValueError(
+            f"{path} is not a ZeroMQ CURVE certificate (expected a 'public-key = \"...\"' line "
+            "as written by `gossiprl keys generate`)"
+        )
     _check_z85(path, public)
     return public, secret
 
@@ -153,8 +163,9 @@ def _check_z85(path, key: bytes) -> None:
     except (ValueError, KeyError, IndexError, struct.error):
         ok = False
     if not ok:
-        raise ValueError(f"{path}: malformed CURVE key (expected 40 Z85 characters as written by "
-                         "`gossiprl keys generate`)")
+        raise ValueError(
+            f"{path}: malformed CURVE key (expected 40 Z85 characters as written by `gossiprl keys generate`)"
+        )
 
 
 # ------------------------------------------------------------------ binding rule
@@ -172,15 +183,23 @@ def check_endpoint(endpoint: str) -> str:
     """
     transport, sep, rest = endpoint.partition("://")
     port = rest.rpartition(":")[2] if transport == "tcp" else ""
-    valid = sep and transport in ENDPOINT_TRANSPORTS and rest and (
-        transport != "tcp" or (":" in rest and rest.rpartition(":")[0] and
-                               (port == "*" or (port.isdigit() and int(port) <= 65535))))
+    valid = (
+        sep
+        and transport in ENDPOINT_TRANSPORTS
+        and rest
+        and (
+            transport != "tcp"
+            or (":" in rest and rest.rpartition(":")[0] and (port == "*" or (port.isdigit() and int(port) <= 65535)))
+        )
+    )
     if not valid:
         bare = endpoint.rpartition("://")[2]
         host, _, port = bare.rpartition(":") if ":" in bare else ("127.0.0.1", "", bare)
         port = port if port.isdigit() and int(port) <= 65535 else "5555"
-        raise ValueError(f"{endpoint or repr(endpoint)} is not a ZeroMQ endpoint: give tcp://HOST:PORT or "
-                         f"ipc://PATH, e.g. tcp://{host or '127.0.0.1'}:{port}")
+        raise ValueError(
+            f"{endpoint or repr(endpoint)} is not a ZeroMQ endpoint: give tcp://HOST:PORT or "
+            f"ipc://PATH, e.g. tcp://{host or '127.0.0.1'}:{port}"
+        )
     return endpoint
 
 
@@ -217,14 +236,20 @@ def check_bind(endpoint: str, curve: bool, insecure: bool) -> None:
     if curve or is_loopback(endpoint):
         return
     if not insecure:
-        raise ValueError(f"refusing to bind {endpoint} without authentication: it is not a loopback address. "
-                         f"To secure it, {HOW_TO_MAKE_KEYS}; or pass --insecure (insecure=True) "
-                         "to bind anyway on a network you trust.")
-    log.warning("broker binds %s WITHOUT authentication (--insecure): anyone who can reach it can register "
-                "a rank and publish parameters into the swarm", endpoint)
+        raise ValueError(
+            f"refusing to bind {endpoint} without authentication: it is not a loopback address. "
+            f"To secure it, {HOW_TO_MAKE_KEYS}; or pass --insecure (insecure=True) "
+            "to bind anyway on a network you trust."
+        )
+    log.warning(
+        "broker binds %s WITHOUT authentication (--insecure): anyone who can reach it can register "
+        "a rank and publish parameters into the swarm",
+        endpoint,
+    )
 
 
 # ------------------------------------------------------------------ broker side
+
 
 class _AllowList:
     """The ZAP credentials callback: admit a client key only if it is on the list."""
@@ -238,8 +263,10 @@ class _AllowList:
             return True
         if key not in self._refused and len(self._refused) < 1024:  # once per key: refused peers retry ~10x/s
             self._refused.add(key)
-            log.warning("broker: refused a CURVE handshake from a key not in the allow directory: %s",
-                        key.decode("ascii", "replace"))
+            log.warning(
+                "broker: refused a CURVE handshake from a key not in the allow directory: %s",
+                key.decode("ascii", "replace"),
+            )
         return False
 
 
@@ -289,16 +316,25 @@ class CurveServer:
 
 # ------------------------------------------------------------------ agent side
 
+
 def client_options(secret_file, broker_public_file) -> dict[int, bytes]:
     """The socket options that make a DEALER a CURVE client of one broker, loaded (and checked) once."""
     public, secret = load_secret(secret_file)
-    return {zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret,
-            zmq.CURVE_SERVERKEY: load_public(broker_public_file)}
+    return {
+        zmq.CURVE_PUBLICKEY: public,
+        zmq.CURVE_SECRETKEY: secret,
+        zmq.CURVE_SERVERKEY: load_public(broker_public_file),
+    }
 
 
-_WATCHED = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_WATCHED = (
+    zmq.EVENT_CONNECTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 
 class HandshakeWatch:
@@ -329,18 +365,24 @@ class HandshakeWatch:
         if zmq.EVENT_HANDSHAKE_SUCCEEDED in events:
             return None
         if (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) in self._seen:
-            return ("the broker refused the handshake: its security mechanism differs from this agent's; "
-                    + ("it does not use CURVE, so drop this agent's keys" if self.curve else
-                       "it requires CURVE keys: give this agent --curve-secret and --curve-broker "
-                       "(GossipClient(curve=(secret_file, broker_public_file)))"))
+            return "the broker refused the handshake: its security mechanism differs from this agent's; " + (
+                "it does not use CURVE, so drop this agent's keys"
+                if self.curve
+                else "it requires CURVE keys: give this agent --curve-secret and --curve-broker "
+                "(GossipClient(curve=(secret_file, broker_public_file)))"
+            )
         if zmq.EVENT_HANDSHAKE_FAILED_AUTH in events:
-            return ("the broker refused this agent's CURVE key: its public key (NAME.key) is not in the "
-                    "broker's --curve-allow directory")
+            return (
+                "the broker refused this agent's CURVE key: its public key (NAME.key) is not in the "
+                "broker's --curve-allow directory"
+            )
         failed = {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL} & events
         if failed or {zmq.EVENT_CONNECTED, zmq.EVENT_DISCONNECTED} <= events:
-            return ("the broker closed the connection during the handshake: "
-                    + ("is --curve-broker the public key of this broker?" if self.curve else
-                       "it may require CURVE keys (--curve-secret and --curve-broker)"))
+            return "the broker closed the connection during the handshake: " + (
+                "is --curve-broker the public key of this broker?"
+                if self.curve
+                else "it may require CURVE keys (--curve-secret and --curve-broker)"
+            )
         return None
 
     def close(self) -> None:

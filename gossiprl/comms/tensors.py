@@ -9,12 +9,14 @@ data-plane slot, and the few operations mixing needs on a tensor that stays on i
 torch is never imported here: a tensor is recognised by duck typing, and once one is handed
 in, its caller has imported torch, so ``sys.modules["torch"]`` holds the module to use.
 """
+
 from __future__ import annotations
 
 import functools
 import sys
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -108,8 +110,7 @@ def encode(name: str, value: Any, codec: str, stager: CudaStager | None = None) 
     return t.contiguous().numpy(), dtype, orig
 
 
-def pack(values: Mapping[str, Any], codec: str = "raw",
-         stager: CudaStager | None = None) -> tuple[list[dict], list]:
+def pack(values: Mapping[str, Any], codec: str = "raw", stager: CudaStager | None = None) -> tuple[list[dict], list]:
     """``wire.pack_tensors`` for a dict of numpy arrays and torch tensors alike.
 
     The same rule holds: the buffers may point at the tensors' memory (or at the stager's),

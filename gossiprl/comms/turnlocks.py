@@ -12,11 +12,13 @@ The broker feeds events in (publish, collect, gone, rejoin, each with the time i
 and sends the :class:`Reply` records that come back. A letter's ``header`` and ``payload``
 are carried, never read: they may be tensor frames, or a descriptor of bytes kept elsewhere.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 MODES = ("sync", "async")
 ACK, DELIVER = "ACK", "DELIVER"
@@ -88,8 +90,13 @@ class Rank:
 class TurnLocks:
     """Mailboxes and parked requests of one swarm; every event returns the replies it releases."""
 
-    def __init__(self, topology, mode: str = "sync", max_staleness: int | None = None,
-                 open_letter: Callable[[Letter, int], tuple[dict, list, int]] | None = None):
+    def __init__(
+        self,
+        topology,
+        mode: str = "sync",
+        max_staleness: int | None = None,
+        open_letter: Callable[[Letter, int], tuple[dict, list, int]] | None = None,
+    ):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
         if max_staleness is not None and (type(max_staleness) is not int or max_staleness < 1):
@@ -104,7 +111,7 @@ class TurnLocks:
         self.mailbox: dict[tuple[int, int], Letter] = {}
         self.events: dict[str, int] = {}
         self._bypassed: OrderedDict[frozenset, Any] = OrderedDict()
-        self._cache_size = max(2, min(BYPASS_CACHE, BYPASS_CACHE_BYTES // (8 * topology.n ** 2 * topology.period)))
+        self._cache_size = max(2, min(BYPASS_CACHE, BYPASS_CACHE_BYTES // (8 * topology.n**2 * topology.period)))
         self._rewire_pending = False
         self._out: list[Reply] = []
         self._open = open_letter or _as_is
@@ -113,8 +120,9 @@ class TurnLocks:
 
     # ------------------------------------------------------------ events
 
-    def publish(self, rank: int, seq: int, round: int, header: dict, payload: list, nbytes: int,
-                now: float) -> list[Reply]:
+    def publish(
+        self, rank: int, seq: int, round: int, header: dict, payload: list, nbytes: int, now: float
+    ) -> list[Reply]:
         """Rank's letter for ``round``: written into every out-slot its turn allows, ACKed once all are."""
         me = self.ranks[rank]
         letter = Letter(rank, round, header, payload, nbytes)
@@ -229,8 +237,7 @@ class TurnLocks:
         waited on a dead in-peer now waits on the in-peers that replace it.
         """
         period = self.topology.period
-        stale = [(j, i) for (j, i) in self.mailbox
-                 if not any(j in self._in_peers(i, r) for r in range(period))]
+        stale = [(j, i) for (j, i) in self.mailbox if not any(j in self._in_peers(i, r) for r in range(period))]
         for key in stale:
             del self.mailbox[key]
             self._note("letters-dropped-by-rewiring")
@@ -241,8 +248,11 @@ class TurnLocks:
             # waits on that reader while the reader waits on it: give each new reader the
             # sender's latest letter, so no rewiring can deadlock a cycle of agents.
             letter = me.last_letter
-            if (letter is not None and me.rank not in self.gone_ranks
-                    and (me.publish is None or me.publish.letter is not letter)):
+            if (
+                letter is not None
+                and me.rank not in self.gone_ranks
+                and (me.publish is None or me.publish.letter is not letter)
+            ):
                 for reader in self._out_peers(me.rank, letter.round) - letter.written_to:
                     if (me.rank, reader) not in self.mailbox:
                         self.mailbox[(me.rank, reader)] = letter
@@ -298,8 +308,13 @@ class TurnLocks:
         if not parked.waiting_on:
             me.publish = None
             me.publish_wait_s += now - parked.since
-            self._out.append(Reply(me.rank, ACK, {"seq": parked.seq, "round": parked.round,
-                                                  "written": parked.written, "skipped": parked.skipped}))
+            self._out.append(
+                Reply(
+                    me.rank,
+                    ACK,
+                    {"seq": parked.seq, "round": parked.round, "written": parked.written, "skipped": parked.skipped},
+                )
+            )
         return touched
 
     def _advance_collect(self, me: Rank, now: float) -> list[Rank]:
@@ -313,8 +328,11 @@ class TurnLocks:
         full = {j for j in parked.waiting_on if (j, me.rank) in self.mailbox}
         if self.mode == "sync" and full != parked.waiting_on:
             return []
-        if self.mode == "async" and self.max_staleness is not None and any(
-                me.stale.get(j, 0) + 1 >= self.max_staleness for j in parked.waiting_on - full):
+        if (
+            self.mode == "async"
+            and self.max_staleness is not None
+            and any(me.stale.get(j, 0) + 1 >= self.max_staleness for j in parked.waiting_on - full)
+        ):
             return []
         weights = [[j, w] for j, w in self.row(me.rank).weights(me.rank, parked.round).items()]
         entries, payload, released = [], [], []
@@ -334,8 +352,14 @@ class TurnLocks:
         me.collect = None
         me.collects += 1
         me.collect_wait_s += now - parked.since
-        self._out.append(Reply(me.rank, DELIVER, {"seq": parked.seq, "round": parked.round,
-                                                  "messages": entries, "weights": weights}, payload))
+        self._out.append(
+            Reply(
+                me.rank,
+                DELIVER,
+                {"seq": parked.seq, "round": parked.round, "messages": entries, "weights": weights},
+                payload,
+            )
+        )
         return released
 
 

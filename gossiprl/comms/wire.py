@@ -10,12 +10,14 @@ No socket lives here, and only numpy arrays: ``pack_tensors`` turns a dict of th
 schema and buffers, ``unpack_tensors`` turns frames back. Other libraries' tensors reach the
 wire through ``gossiprl.comms.tensors``, which brings them to host memory in their wire dtype first.
 """
+
 from __future__ import annotations
 
 import math
 import reprlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -38,11 +40,20 @@ MAX_UINT = (1 << 63) - 1
 
 # Dtypes a tensor may travel as. bfloat16 has no numpy type: it travels as the top
 # 16 bits of float32 and is widened back on decode.
-DTYPES = ("float16", "bfloat16", "float32", "float64",
-          "int8", "int16", "int32", "int64", "uint8", "bool")
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 CODECS = ("raw", "bf16", "fp16")
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
-             "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "bool": 1}
+_ITEMSIZE = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "bool": 1,
+}
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -107,6 +118,7 @@ class Message:
 
 # ---------------------------------------------------------------- encoding
 
+
 def encode(cmd: str, fields: Mapping[str, Any] | None = None, frames: Sequence = ()) -> list:
     """Header plus payload frames, ready for ``send_multipart(copy=False)``."""
     header = {"v": PROTOCOL_VERSION, "cmd": cmd}
@@ -124,8 +136,10 @@ def codec_overflow(name: str, codec: str, peak: float) -> ValueError:
     so the sender must hear why its parameters went nowhere, and silently clipped weights would be
     wrong weights. Only values finite before conversion count (a sender that skips its finite
     check may send infinity itself); ``peak`` is the largest of them."""
-    return ValueError(f"tensor {name!r} holds {peak:.6g}, beyond the largest value {codec} can carry "
-                      f"({CODEC_MAX[codec]:.6g}); publish it with codec='raw' (--codec raw)")
+    return ValueError(
+        f"tensor {name!r} holds {peak:.6g}, beyond the largest value {codec} can carry "
+        f"({CODEC_MAX[codec]:.6g}); publish it with codec='raw' (--codec raw)"
+    )
 
 
 def _refuse_overflow(name: str, codec: str, inf: np.ndarray, original: np.ndarray) -> None:
@@ -173,9 +187,11 @@ def encode_array(name: str, value: Any, codec: str) -> tuple[np.ndarray, str, st
     return arr, wire, orig
 
 
-def pack_tensors(tensors: Mapping[str, Any], codec: str = "raw",
-                 convert: Callable[[str, Any, str], tuple[np.ndarray, str, str]] = encode_array
-                 ) -> tuple[list[dict], list]:
+def pack_tensors(
+    tensors: Mapping[str, Any],
+    codec: str = "raw",
+    convert: Callable[[str, Any, str], tuple[np.ndarray, str, str]] = encode_array,
+) -> tuple[list[dict], list]:
     """Tensor schema (header part) and payload buffers for a dict of numpy arrays.
 
     ``convert`` turns one value into what travels, as encode_array does for numpy arrays;
@@ -205,6 +221,7 @@ def pack_tensors(tensors: Mapping[str, Any], codec: str = "raw",
 
 # ---------------------------------------------------------------- decoding
 
+
 def _frame_len(frame) -> int:
     return len(frame.buffer) if hasattr(frame, "buffer") else len(frame)
 
@@ -227,8 +244,9 @@ def _need_int(header: dict, key: str, cmd: str, low: int, high: int = MAX_UINT, 
     if optional and value is None:
         return
     if type(value) is not int or not low <= value <= high:
-        raise WireError(f"{cmd} needs field {key!r}: an int from {low} to {high}"
-                        f"{' or nil' if optional else ''}, got {_show(value)}")
+        raise WireError(
+            f"{cmd} needs field {key!r}: an int from {low} to {high}{' or nil' if optional else ''}, got {_show(value)}"
+        )
 
 
 def _valid_seq(header: dict) -> int | None:
@@ -247,16 +265,23 @@ def parse_specs(raw: Any, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[
         name, dtype, shape, nbytes = (entry.get(k) for k in ("name", "dtype", "shape", "nbytes"))
         decode_as = entry.get("as", dtype)
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or name in names:
-            raise WireError(f"tensor name must be a unique string of 1..{MAX_NAME_CHARS} characters, "
-                            f"got {_show(name)}")
-        if not (isinstance(dtype, str) and dtype in _ITEMSIZE and isinstance(decode_as, str) and decode_as in _ITEMSIZE):
-            raise WireError(f"tensor {name!r}: dtype {_show(dtype)}/{_show(decode_as)} not allowed; "
-                            f"valid: {', '.join(DTYPES)}", "bad-dtype")
+            raise WireError(f"tensor name must be a unique string of 1..{MAX_NAME_CHARS} characters, got {_show(name)}")
+        if not (
+            isinstance(dtype, str) and dtype in _ITEMSIZE and isinstance(decode_as, str) and decode_as in _ITEMSIZE
+        ):
+            raise WireError(
+                f"tensor {name!r}: dtype {_show(dtype)}/{_show(decode_as)} not allowed; valid: {', '.join(DTYPES)}",
+                "bad-dtype",
+            )
         if (dtype != decode_as) and not (dtype in _FLOATS and decode_as in _FLOATS):
-            raise WireError(f"tensor {name!r}: only floats may be compressed; {decode_as} cannot travel as {dtype}",
-                            "bad-dtype")
-        if (not isinstance(shape, list) or len(shape) > MAX_NDIM
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+            raise WireError(
+                f"tensor {name!r}: only floats may be compressed; {decode_as} cannot travel as {dtype}", "bad-dtype"
+            )
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_NDIM
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
+        ):
             raise WireError(f"tensor {name!r}: shape must be a list of at most {MAX_NDIM} non-negative ints")
         expected = math.prod(shape) * _ITEMSIZE[dtype]
         if not isinstance(nbytes, int) or nbytes != expected:
@@ -274,7 +299,9 @@ def _check_frames(specs: list[TensorSpec], frames: Sequence, what: str) -> None:
         raise WireError(f"{what}: schema lists {len(specs)} tensors but {len(frames)} payload frames came")
     for spec, frame in zip(specs, frames):
         if _frame_len(frame) != spec.nbytes:
-            raise WireError(f"{what}: tensor {spec.name!r} declares {spec.nbytes} bytes, its frame has {_frame_len(frame)}")
+            raise WireError(
+                f"{what}: tensor {spec.name!r} declares {spec.nbytes} bytes, its frame has {_frame_len(frame)}"
+            )
 
 
 def decode(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Message:
@@ -307,12 +334,20 @@ def decode_header(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES
     if len(head) > MAX_HEADER_BYTES:
         raise WireError(f"header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}", "too-large")
     try:
-        header = msgpack.unpackb(head, raw=False, strict_map_key=True,
-                                 max_str_len=MAX_HEADER_BYTES,
-                                 max_bin_len=0, max_array_len=65536, max_map_len=MAX_TENSORS)
+        header = msgpack.unpackb(
+            head,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=MAX_HEADER_BYTES,
+            max_bin_len=0,
+            max_array_len=65536,
+            max_map_len=MAX_TENSORS,
+        )
     except Exception as exc:  # msgpack raises many types on garbage; all mean the same here
-        raise WireError(f"header is not a GRP msgpack map: invalid msgpack, a bin value, or over a size limit "
-                        f"({type(exc).__name__})") from None
+        raise WireError(
+            f"header is not a GRP msgpack map: invalid msgpack, a bin value, or over a size limit "
+            f"({type(exc).__name__})"
+        ) from None
     if not isinstance(header, dict):
         raise WireError("header must be a msgpack map")
     try:
@@ -325,12 +360,16 @@ def decode_header(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES
 def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
     version = header.get("v")
     if type(version) is not int or version != PROTOCOL_VERSION:  # True == 1 in Python, not on the wire
-        raise WireError(f"protocol version {_show(version)} not supported; this peer speaks {PROTOCOL_VERSION}",
-                        "version")
+        raise WireError(
+            f"protocol version {_show(version)} not supported; this peer speaks {PROTOCOL_VERSION}", "version"
+        )
     cmd = header.get("cmd")
     if not isinstance(cmd, str) or (cmd not in CLIENT_COMMANDS and cmd not in BROKER_COMMANDS):
-        raise WireError(f"unknown command {_show(cmd)}; valid requests: {', '.join(CLIENT_COMMANDS)}; "
-                        f"replies: {', '.join(BROKER_COMMANDS)}", "unknown-command")
+        raise WireError(
+            f"unknown command {_show(cmd)}; valid requests: {', '.join(CLIENT_COMMANDS)}; "
+            f"replies: {', '.join(BROKER_COMMANDS)}",
+            "unknown-command",
+        )
     msg = Message(cmd, header, list(frames[1:]))
     # seq is nil only in an ERROR about a request that could not be read, and optional on HELLO, PING, BYE
     _need_int(header, "seq", cmd, 0, optional=cmd not in (PUBLISH, COLLECT))
@@ -346,8 +385,11 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
         raise WireError("PUBLISH 'ref' must be a map (PROTOCOL.md section 10)")
     if cmd == COLLECT and "unreachable" in header:
         ranks = header["unreachable"]
-        if not isinstance(ranks, list) or len(ranks) > MAX_TENSORS or not all(
-                type(r) is int and 0 <= r <= MAX_UINT for r in ranks):
+        if (
+            not isinstance(ranks, list)
+            or len(ranks) > MAX_TENSORS
+            or not all(type(r) is int and 0 <= r <= MAX_UINT for r in ranks)
+        ):
             raise WireError("COLLECT 'unreachable' must be a list of ranks (non-negative integers)")
     if cmd == DELIVER:
         letters = header.get("messages")
@@ -363,8 +405,8 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
                 msg.specs.extend(letter["specs"])
         weights = header.get("weights")
         if not isinstance(weights, list) or not all(
-                isinstance(p, list) and len(p) == 2 and type(p[0]) is int and type(p[1]) in (int, float)
-                for p in weights):
+            isinstance(p, list) and len(p) == 2 and type(p[0]) is int and type(p[1]) in (int, float) for p in weights
+        ):
             raise WireError("DELIVER needs 'weights': a list of [rank, weight] pairs")
         if len(msg.frames) != len(msg.specs):
             raise WireError(f"DELIVER: schema lists {len(msg.specs)} tensors but {len(msg.frames)} frames came")
@@ -406,6 +448,6 @@ def deliveries(msg: Message) -> dict[int, dict[str, np.ndarray]]:
         if not _carries_frames(letter):
             continue
         specs = letter["specs"]
-        out[letter["rank"]] = unpack_tensors(specs, msg.frames[start:start + len(specs)])
+        out[letter["rank"]] = unpack_tensors(specs, msg.frames[start : start + len(specs)])
         start += len(specs)
     return out

@@ -4,6 +4,7 @@ Read top to bottom: n-step returns, the loss, rollout storage, one update. The h
 A2CConfig, are declared in ``settings`` (torch-free, for the command line); their defaults are
 GALA's ``arguments.py`` (which PALA keeps), so Atari runs are comparable with the papers' tables.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -16,12 +17,14 @@ from gossiprl.rl.settings import A2CConfig
 
 def resolve_defaults(cfg: A2CConfig, atari: bool) -> A2CConfig:
     """Fill the settings whose default depends on the kind of env (None in A2CConfig)."""
-    return replace(cfg, clip_rewards=atari if cfg.clip_rewards is None else cfg.clip_rewards,
-                   entropy_coef=(0.01 if atari else 0.0) if cfg.entropy_coef is None else cfg.entropy_coef)
+    return replace(
+        cfg,
+        clip_rewards=atari if cfg.clip_rewards is None else cfg.clip_rewards,
+        entropy_coef=(0.01 if atari else 0.0) if cfg.entropy_coef is None else cfg.entropy_coef,
+    )
 
 
-def nstep_returns(rewards: torch.Tensor, dones: torch.Tensor, last_value: torch.Tensor,
-                  gamma: float) -> torch.Tensor:
+def nstep_returns(rewards: torch.Tensor, dones: torch.Tensor, last_value: torch.Tensor, gamma: float) -> torch.Tensor:
     """G_t = sum_k gamma^k r_{t+k} + gamma^(N-t) V(s_N), cut at episode ends.
 
     rewards, dones: (n_steps, num_envs); dones[t] is true when the step taken at t ended
@@ -36,9 +39,14 @@ def nstep_returns(rewards: torch.Tensor, dones: torch.Tensor, last_value: torch.
     return returns
 
 
-def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
-             returns: torch.Tensor, value_coef: float, entropy_coef: float
-             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def a2c_loss(
+    logits: torch.Tensor,
+    values: torch.Tensor,
+    actions: torch.Tensor,
+    returns: torch.Tensor,
+    value_coef: float,
+    entropy_coef: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy gradient with advantage A = G - V, squared value error, minus an entropy bonus.
 
     Inputs are flat over (step, env): logits (B, A), values/actions/returns (B,). The advantage
@@ -67,8 +75,9 @@ class Rollout:
     next rollout, so the learner evaluates all n_steps + 1 rows in a single forward pass.
     """
 
-    def __init__(self, n_steps: int, num_envs: int, obs_shape: tuple[int, ...],
-                 obs_dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, n_steps: int, num_envs: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, device: torch.device
+    ):
         self.obs = torch.zeros((n_steps + 1, num_envs, *obs_shape), dtype=obs_dtype, device=device)
         self.actions = torch.zeros((n_steps, num_envs), dtype=torch.long, device=device)
         self.rewards = torch.zeros((n_steps, num_envs), dtype=torch.float32, device=device)
@@ -90,21 +99,26 @@ class Rollout:
 
 
 def make_optimizer(model: nn.Module, cfg: A2CConfig) -> torch.optim.Optimizer:
-    return torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=cfg.rmsprop_alpha,
-                               eps=cfg.rmsprop_eps)
+    return torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=cfg.rmsprop_alpha, eps=cfg.rmsprop_eps)
 
 
-def update(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: Rollout,
-           cfg: A2CConfig) -> dict[str, torch.Tensor]:
+def update(
+    model: nn.Module, optimizer: torch.optim.Optimizer, rollout: Rollout, cfg: A2CConfig
+) -> dict[str, torch.Tensor]:
     """One A2C step on a full rollout: evaluate, n-step returns, loss, clipped RMSProp step."""
     n_steps, num_envs = rollout.rewards.shape
     logits, values = model(rollout.obs.flatten(0, 1))
     values = values.view(n_steps + 1, num_envs)
     rewards = (rollout.rewards.sign() if cfg.clip_rewards else rollout.rewards) + rollout.bootstrap
     returns = nstep_returns(rewards, rollout.dones, values[-1].detach(), cfg.gamma)
-    loss, metrics = a2c_loss(logits[: n_steps * num_envs], values[:-1].flatten(),
-                             rollout.actions.flatten(), returns.flatten(),
-                             cfg.value_coef, cfg.entropy_coef)
+    loss, metrics = a2c_loss(
+        logits[: n_steps * num_envs],
+        values[:-1].flatten(),
+        rollout.actions.flatten(),
+        returns.flatten(),
+        cfg.value_coef,
+        cfg.entropy_coef,
+    )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)

@@ -5,6 +5,7 @@
 parameters into ours in place. The loop knows nothing about sockets or topologies; any object
 with that one method will do, and ``gossip=None`` is plain single-agent A2C.
 """
+
 from __future__ import annotations
 
 import csv
@@ -15,9 +16,10 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Mapping, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -42,9 +44,18 @@ class GossipHook(Protocol):
 
 
 METRIC_COLUMNS = [
-    "frames", "wall_s", "updates", "episodic_return", "mean_return_100", "fps",
-    "losses/value_loss", "losses/policy_loss", "losses/entropy",
-    "gossip/wait_s", "gossip/mix_s", "gossip/consensus_distance",
+    "frames",
+    "wall_s",
+    "updates",
+    "episodic_return",
+    "mean_return_100",
+    "fps",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "gossip/wait_s",
+    "gossip/mix_s",
+    "gossip/consensus_distance",
 ]
 """metrics.csv columns; any other keys gossip.exchange returns are appended (sorted) after them."""
 
@@ -53,9 +64,15 @@ PROGRESS_EVERY_S = 1.0
 """Seconds between progress reports to the launcher (also sent once at the end)."""
 
 
-def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
-          gossip: GossipHook | None = None, resume: bool = False, stop=None,
-          progress: Callable[[dict], None] | None = None) -> dict:
+def train(
+    cfg: AgentConfig,
+    run_dir: str | os.PathLike,
+    rank: int = 0,
+    gossip: GossipHook | None = None,
+    resume: bool = False,
+    stop=None,
+    progress: Callable[[dict], None] | None = None,
+) -> dict:
     """Train one agent into ``run_dir/agent-<rank>/`` and return a summary.
 
     ``stop`` is any Event-like object (threading or multiprocessing); setting it ends the
@@ -75,8 +92,10 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
     if resume and (checkpoint_path.exists() or gossip is None):
         checkpoint = load_checkpoint(checkpoint_path)
         if checkpoint["config"].get("env_id") != cfg.env_id:
-            raise CheckpointError(f"{checkpoint_path} was trained on {checkpoint['config'].get('env_id')}, "
-                                  f"this run asks for {cfg.env_id}: resume with that --env or use another --run-dir")
+            raise CheckpointError(
+                f"{checkpoint_path} was trained on {checkpoint['config'].get('env_id')}, "
+                f"this run asks for {cfg.env_id}: resume with that --env or use another --run-dir"
+            )
     counters = checkpoint["counters"] if checkpoint else {"updates": 0, "frames": 0, "episodes": 0, "wall_s": 0.0}
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=100)
     (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2))
@@ -90,8 +109,9 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
     device = pick_device(cfg.device, rank)
     a2c = resolve_defaults(cfg.a2c, is_atari(cfg.env_id))
 
-    envs = make_env(cfg.env_id, a2c.num_envs, int(rng.integers(2**30)),
-                    sticky_actions=cfg.sticky_actions, num_threads=threads)
+    envs = make_env(
+        cfg.env_id, a2c.num_envs, int(rng.integers(2**30)), sticky_actions=cfg.sticky_actions, num_threads=threads
+    )
     model = make_model(envs.observation_space, envs.action_space).to(device)
     flat_params = flatten_parameters(model)
     optimizer = make_optimizer(model, a2c)
@@ -100,9 +120,15 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
         optimizer.load_state_dict(checkpoint["optimizer"])
     elif resume:  # rejoining a running swarm with no checkpoint of our own: start from the neighbours'
         adopted = gossip.adopt(flat_params)
-        print(f"agent-{rank}: no checkpoint in {agent_dir}; "
-              + (f"starting from the mean of {adopted} neighbour(s)' parameters" if adopted
-                 else "no neighbour's parameters came either, starting fresh"), flush=True)
+        print(
+            f"agent-{rank}: no checkpoint in {agent_dir}; "
+            + (
+                f"starting from the mean of {adopted} neighbour(s)' parameters"
+                if adopted
+                else "no neighbour's parameters came either, starting fresh"
+            ),
+            flush=True,
+        )
 
     first_obs = torch.from_numpy(envs.reset())
     rollout = Rollout(a2c.n_steps, a2c.num_envs, first_obs.shape[1:], first_obs.dtype, device)
@@ -155,8 +181,11 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
             returns_since_log.append(episode_return)
             returns_since_report.append(episode_return)
             episodes += 1
-        solved = (cfg.stop_at_return is not None and len(recent_returns) == recent_returns.maxlen
-                  and float(np.mean(recent_returns)) >= cfg.stop_at_return)
+        solved = (
+            cfg.stop_at_return is not None
+            and len(recent_returns) == recent_returns.maxlen
+            and float(np.mean(recent_returns)) >= cfg.stop_at_return
+        )
         finished = solved or frames >= cfg.total_frames or (stop is not None and stop.is_set())
 
         if updates % cfg.log_every == 0 or finished:
@@ -175,19 +204,32 @@ def train(cfg: AgentConfig, run_dir: str | os.PathLike, rank: int = 0,
             last_log_time, last_log_frames = now, frames
             returns_since_log = []
         if updates % cfg.checkpoint_every == 0 or finished:
-            save_checkpoint(checkpoint_path, {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "counters": {"updates": updates, "frames": frames, "episodes": episodes,
-                             "wall_s": counters["wall_s"] + time.perf_counter() - start},
-                "recent_returns": list(recent_returns),
-                "config": asdict(cfg),
-            })
+            save_checkpoint(
+                checkpoint_path,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "counters": {
+                        "updates": updates,
+                        "frames": frames,
+                        "episodes": episodes,
+                        "wall_s": counters["wall_s"] + time.perf_counter() - start,
+                    },
+                    "recent_returns": list(recent_returns),
+                    "config": asdict(cfg),
+                },
+            )
         if progress is not None and (finished or time.perf_counter() - last_report >= PROGRESS_EVERY_S):
             last_report = time.perf_counter()
-            progress({"frames": frames, "wall_s": last_report - start, "gossip_s": timing["gossip"],
-                      "returns": returns_since_report,
-                      "consensus_distance": gossip_stats.get("gossip/consensus_distance")})
+            progress(
+                {
+                    "frames": frames,
+                    "wall_s": last_report - start,
+                    "gossip_s": timing["gossip"],
+                    "returns": returns_since_report,
+                    "consensus_distance": gossip_stats.get("gossip/consensus_distance"),
+                }
+            )
             returns_since_report = []
         if solved:
             break
@@ -247,8 +289,11 @@ class MetricsLog:
         self.csv.writerow({k: ("" if v is None else v) for k, v in row.items()})
         self.file.flush()
         step = row["frames"]
-        names = {"episodic_return": "charts/episodic_return", "mean_return_100": "charts/mean_return_100",
-                 "fps": "charts/fps"}
+        names = {
+            "episodic_return": "charts/episodic_return",
+            "mean_return_100": "charts/mean_return_100",
+            "fps": "charts/fps",
+        }
         for key, value in row.items():
             if value is not None and (key in names or "/" in key):
                 self.tb.add_scalar(names.get(key, key), value, step)
@@ -317,8 +362,11 @@ def save_checkpoint(path: Path, state: dict) -> bool:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
-        log.warning("checkpoint not written to %s (%s); training goes on, the previous checkpoint is kept",
-                    path, err.strerror or err)
+        log.warning(
+            "checkpoint not written to %s (%s); training goes on, the previous checkpoint is kept",
+            path,
+            err.strerror or err,
+        )
         return False
 
 

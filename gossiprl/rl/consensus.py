@@ -5,6 +5,7 @@ after a decentralised run, so it is judged on its own, beside each agent. For in
 agents (no gossip) the average of unrelated networks is usually worse than any of them,
 which is exactly what the comparison should show.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,13 +32,21 @@ def average_checkpoints(paths: list[Path]) -> tuple[dict, dict]:
     config = checkpoints[0]["config"]
     for path, checkpoint in zip(paths, checkpoints):
         if checkpoint["config"]["env_id"] != config["env_id"]:
-            raise ValueError(f"{path} was trained on {checkpoint['config']['env_id']}, not {config['env_id']}: "
-                             f"only agents of one env can be averaged")
+            raise ValueError(
+                f"{path} was trained on {checkpoint['config']['env_id']}, not {config['env_id']}: "
+                f"only agents of one env can be averaged"
+            )
     return average_state_dicts([checkpoint["model"] for checkpoint in checkpoints]), config
 
 
-def evaluate_consensus(run_dir: str | os.PathLike | list[Path], episodes: int = 10, greedy: bool = False,
-                       device: str = "cpu", seed: int = 12345, num_envs: int | None = None) -> dict:
+def evaluate_consensus(
+    run_dir: str | os.PathLike | list[Path],
+    episodes: int = 10,
+    greedy: bool = False,
+    device: str = "cpu",
+    seed: int = 12345,
+    num_envs: int | None = None,
+) -> dict:
     """Play ``episodes`` episodes with the agents' averaged parameters, under the same protocol
     (env seeds, per-slot quotas, sampled actions) as ``evaluate.evaluate`` plays each agent.
 
@@ -62,5 +71,4 @@ def evaluate_consensus(run_dir: str | os.PathLike | list[Path], episodes: int = 
     finally:
         torch.set_num_threads(threads)
         envs.close()
-    return {"mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns,
-            "agents": len(paths)}
+    return {"mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns, "agents": len(paths)}

@@ -5,6 +5,7 @@ with same-step autoreset, so the obs returned with ``done`` is already the next 
 first frame and no transition crosses an episode boundary. Episode scores are summed here
 from the raw rewards, so they are the real game scores whether or not the loss clips.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -77,13 +78,16 @@ def registered_id(env_id: str) -> str:
     if not sep:
         return env_id
     if not MODULE_NAME.fullmatch(module):
-        raise ValueError(f"{module!r} in env id {env_id!r} is not a Python module name; "
-                         f"give MODULE:ENV_ID, e.g. 'my_envs:Maze-v0'")
+        raise ValueError(
+            f"{module!r} in env id {env_id!r} is not a Python module name; give MODULE:ENV_ID, e.g. 'my_envs:Maze-v0'"
+        )
     try:
         importlib.import_module(module)
     except ImportError as err:
-        raise ValueError(f"cannot import {module!r}, the module env id {env_id!r} names to register "
-                         f"{name!r}: {err} (is it installed, or on PYTHONPATH?)") from None
+        raise ValueError(
+            f"cannot import {module!r}, the module env id {env_id!r} names to register "
+            f"{name!r}: {err} (is it installed, or on PYTHONPATH?)"
+        ) from None
     return name
 
 
@@ -104,8 +108,9 @@ def env_spec(env_id: str) -> float | None:
     if spec is None:
         raise _unknown(env_id)
     if str(spec.entry_point).startswith("ale_py"):
-        raise ValueError(f"{env_id!r} is ALE without the DeepMind preprocessing; "
-                         f"use 'ALE/<Game>-v5' or '<Game>NoFrameskip-v4'")
+        raise ValueError(
+            f"{env_id!r} is ALE without the DeepMind preprocessing; use 'ALE/<Game>-v5' or '<Game>NoFrameskip-v4'"
+        )
     return spec.reward_threshold
 
 
@@ -162,8 +167,7 @@ class VecEnv:
         self.env.close()
 
 
-def make_env(env_id: str, num_envs: int, seed: int, *, sticky_actions: float = 0.0,
-             num_threads: int = 0) -> VecEnv:
+def make_env(env_id: str, num_envs: int, seed: int, *, sticky_actions: float = 0.0, num_threads: int = 0) -> VecEnv:
     """Build ``num_envs`` copies of ``env_id``; env i is seeded with ``seed + i``.
 
     Atari follows the DeepMind protocol the papers use (30 no-op starts, frameskip 4 with
@@ -176,17 +180,28 @@ def make_env(env_id: str, num_envs: int, seed: int, *, sticky_actions: float = 0
     env_id = registered_id(env_id)
     if is_atari(env_id):
         env = AtariVectorEnv(
-            atari_game(env_id), num_envs, num_threads=num_threads, repeat_action_probability=sticky_actions,
-            autoreset_mode=AutoresetMode.SAME_STEP, img_height=84, img_width=84, grayscale=True,
-            stack_num=4, frameskip=ATARI_FRAMESKIP, maxpool=True, noop_max=30,
-            episodic_life=False, reward_clipping=False,
+            atari_game(env_id),
+            num_envs,
+            num_threads=num_threads,
+            repeat_action_probability=sticky_actions,
+            autoreset_mode=AutoresetMode.SAME_STEP,
+            img_height=84,
+            img_width=84,
+            grayscale=True,
+            stack_num=4,
+            frameskip=ATARI_FRAMESKIP,
+            maxpool=True,
+            noop_max=30,
+            episodic_life=False,
+            reward_clipping=False,
         )
         return VecEnv(env, ATARI_FRAMESKIP, seed)
     if sticky_actions:
         raise ValueError(f"sticky_actions applies to Atari only, not {env_id!r}")
     try:
-        env = gym.make_vec(env_id, num_envs, vectorization_mode="sync",
-                           vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+        env = gym.make_vec(
+            env_id, num_envs, vectorization_mode="sync", vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}
+        )
     except gym.error.Error as e:
         raise _unknown(env_id) from e
     return VecEnv(env, 1, seed)

@@ -6,6 +6,7 @@ that the final policy may not need; the number a paper reports is the final poli
 checkpoint for exactly that count, in a fresh env built from the checkpoint's own config,
 so it needs nothing from the run but ``agent-<rank>/checkpoint.pt``.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,14 @@ every env gets the same 30-minute-of-play ceiling. Atari and time-limited gymnas
 _CHECKPOINT_DIR = re.compile(r"agent-(\d+)")
 
 
-def evaluate(run_dir: str | os.PathLike, episodes: int = 10, greedy: bool = False,
-             device: str = "cpu", seed: int = 12345, num_envs: int | None = None) -> dict:
+def evaluate(
+    run_dir: str | os.PathLike,
+    episodes: int = 10,
+    greedy: bool = False,
+    device: str = "cpu",
+    seed: int = 12345,
+    num_envs: int | None = None,
+) -> dict:
     """Play ``episodes`` complete episodes with each agent's final policy; mean +- std.
 
     Actions are sampled from the policy by default because that is the policy the papers
@@ -72,10 +79,12 @@ def evaluate(run_dir: str | os.PathLike, episodes: int = 10, greedy: bool = Fals
         torch.set_num_threads(threads)
 
     pooled = [r for agent in agents.values() for r in agent["returns"]]
-    protocol = (f"final checkpoint of each of {len(agents)} agent(s) on {', '.join(sorted(env_ids))}: "
-                f"{episodes} complete episodes per agent, {'greedy (argmax)' if greedy else 'sampled'} "
-                f"actions, {slots} env(s) each playing a fixed quota of episodes, env seeds "
-                f"{seed}..{seed + slots - 1}, unclipped returns; mean +- population std over episodes")
+    protocol = (
+        f"final checkpoint of each of {len(agents)} agent(s) on {', '.join(sorted(env_ids))}: "
+        f"{episodes} complete episodes per agent, {'greedy (argmax)' if greedy else 'sampled'} "
+        f"actions, {slots} env(s) each playing a fixed quota of episodes, env seeds "
+        f"{seed}..{seed + slots - 1}, unclipped returns; mean +- population std over episodes"
+    )
     return {
         "agents": agents,
         "overall": {"mean": float(np.mean(pooled)), "std": float(np.std(pooled)), "episodes": len(pooled)},
@@ -86,16 +95,22 @@ def evaluate(run_dir: str | os.PathLike, episodes: int = 10, greedy: bool = Fals
 def _find_checkpoints(run_dir: Path) -> dict[int, Path]:
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run dir at {run_dir}: expected a directory holding agent-<rank>/checkpoint.pt")
-    found = {int(m.group(1)): p for p in run_dir.glob("agent-*/checkpoint.pt")
-             if (m := _CHECKPOINT_DIR.fullmatch(p.parent.name))}
+    found = {
+        int(m.group(1)): p
+        for p in run_dir.glob("agent-*/checkpoint.pt")
+        if (m := _CHECKPOINT_DIR.fullmatch(p.parent.name))
+    }
     if not found:
-        raise FileNotFoundError(f"no agent-<rank>/checkpoint.pt under {run_dir}: "
-                                f"train into it first (a checkpoint is written at the end of training)")
+        raise FileNotFoundError(
+            f"no agent-<rank>/checkpoint.pt under {run_dir}: "
+            f"train into it first (a checkpoint is written at the end of training)"
+        )
     return dict(sorted(found.items()))
 
 
-def _evaluate_checkpoint(path: Path, episodes: int, greedy: bool, device: str, seed: int, slots: int,
-                         generator: torch.Generator) -> tuple[str, dict]:
+def _evaluate_checkpoint(
+    path: Path, episodes: int, greedy: bool, device: str, seed: int, slots: int, generator: torch.Generator
+) -> tuple[str, dict]:
     """A fresh env per agent, seeded alike, so every agent meets the same start states."""
     checkpoint = load_checkpoint(path)
     config = checkpoint["config"]
@@ -109,8 +124,12 @@ def _evaluate_checkpoint(path: Path, episodes: int, greedy: bool, device: str, s
         returns = _play(model, envs, episodes, greedy, device, generator, _step_cap(env_id))
     finally:
         envs.close()
-    return env_id, {"mean": float(np.mean(returns)), "std": float(np.std(returns)),
-                    "returns": returns, "frames": int(checkpoint["counters"]["frames"])}
+    return env_id, {
+        "mean": float(np.mean(returns)),
+        "std": float(np.std(returns)),
+        "returns": returns,
+        "frames": int(checkpoint["counters"]["frames"]),
+    }
 
 
 def _step_cap(env_id: str) -> int | None:
@@ -121,8 +140,15 @@ def _step_cap(env_id: str) -> int | None:
 
 
 @torch.inference_mode()
-def _play(model: torch.nn.Module, envs: VecEnv, episodes: int, greedy: bool, device: str,
-          generator: torch.Generator, step_cap: int | None) -> list[float]:
+def _play(
+    model: torch.nn.Module,
+    envs: VecEnv,
+    episodes: int,
+    greedy: bool,
+    device: str,
+    generator: torch.Generator,
+    step_cap: int | None,
+) -> list[float]:
     """Returns summed here from the raw step rewards rather than taken from
     ``pop_episodes``, because the quota needs to know which slot each episode came from."""
     n = envs.num_envs

@@ -5,6 +5,7 @@ actions, 6.75 MB in fp32), so message sizes and timings match the papers. Vector
 observations (CartPole and friends) get the small tanh MLP that CleanRL and Stable-Baselines3
 use for A2C/PPO. MinAtar's 10x10xC boolean grids get the MinAtar paper's small CNN.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,11 +34,15 @@ class AtariActorCritic(nn.Module):
         super().__init__()
         relu_gain = math.sqrt(2)
         self.trunk = nn.Sequential(
-            layer_init(nn.Conv2d(in_channels, 32, 8, stride=4), relu_gain), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2), relu_gain), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1), relu_gain), nn.ReLU(),
+            layer_init(nn.Conv2d(in_channels, 32, 8, stride=4), relu_gain),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2), relu_gain),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1), relu_gain),
+            nn.ReLU(),
             nn.Flatten(),
-            layer_init(nn.Linear(64 * 7 * 7, 512), relu_gain), nn.ReLU(),
+            layer_init(nn.Linear(64 * 7 * 7, 512), relu_gain),
+            nn.ReLU(),
         )
         self.policy = layer_init(nn.Linear(512, num_actions), 0.01)
         self.value = layer_init(nn.Linear(512, 1), 1.0)
@@ -59,9 +64,11 @@ class MinAtarActorCritic(nn.Module):
         super().__init__()
         relu_gain = math.sqrt(2)
         self.trunk = nn.Sequential(
-            layer_init(nn.Conv2d(in_channels, 16, 3, stride=1), relu_gain), nn.ReLU(),
+            layer_init(nn.Conv2d(in_channels, 16, 3, stride=1), relu_gain),
+            nn.ReLU(),
             nn.Flatten(),
-            layer_init(nn.Linear(16 * (size - 2) ** 2, 128), relu_gain), nn.ReLU(),
+            layer_init(nn.Linear(16 * (size - 2) ** 2, 128), relu_gain),
+            nn.ReLU(),
         )
         self.policy = layer_init(nn.Linear(128, num_actions), 0.01)
         self.value = layer_init(nn.Linear(128, 1), 1.0)
@@ -82,13 +89,17 @@ class MLPActorCritic(nn.Module):
         super().__init__()
         gain = math.sqrt(2)
         self.actor = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, hidden), gain), nn.Tanh(),
-            layer_init(nn.Linear(hidden, hidden), gain), nn.Tanh(),
+            layer_init(nn.Linear(obs_dim, hidden), gain),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, hidden), gain),
+            nn.Tanh(),
             layer_init(nn.Linear(hidden, num_actions), 0.01),
         )
         self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, hidden), gain), nn.Tanh(),
-            layer_init(nn.Linear(hidden, hidden), gain), nn.Tanh(),
+            layer_init(nn.Linear(obs_dim, hidden), gain),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, hidden), gain),
+            nn.Tanh(),
             layer_init(nn.Linear(hidden, 1), 1.0),
         )
 
@@ -131,6 +142,6 @@ def flatten_parameters(module: nn.Module) -> torch.Tensor:
     offset = 0
     for p in params:
         n = p.numel()
-        p.data = flat[offset:offset + n].view_as(p)
+        p.data = flat[offset : offset + n].view_as(p)
         offset += n
     return flat

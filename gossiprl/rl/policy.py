@@ -10,6 +10,7 @@ Observations are what ``gossiprl.rl.envs.make_env`` yields for the run's env (on
 84x84 grayscale frames); ``Policy.make_env`` builds that env. ``record_videos`` plays episodes
 into MP4s through gymnasium's RecordVideo.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,11 +26,19 @@ from gossiprl.rl.envs import ATARI_FRAMESKIP, atari_game, env_spec, is_atari, ma
 from gossiprl.rl.evaluate import _find_checkpoints
 from gossiprl.rl.models import make_model
 
+
 class Policy:
     """``act`` for plain use, ``predict`` in Stable-Baselines3's shape for code written against it."""
 
-    def __init__(self, model: torch.nn.Module, env_id: str, observation_space: gym.Space, name: str,
-                 config: dict, device: str = "cpu"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        env_id: str,
+        observation_space: gym.Space,
+        name: str,
+        config: dict,
+        device: str = "cpu",
+    ):
         self.model = model.to(device).eval()
         self.env_id = env_id
         self.observation_space = observation_space
@@ -48,8 +57,10 @@ class Policy:
         obs = np.asarray(obs, dtype=self.observation_space.dtype)
         single = obs.shape == self.observation_space.shape
         if not single and obs.shape[1:] != self.observation_space.shape:
-            raise ValueError(f"{self.name} takes observations of shape {self.observation_space.shape} "
-                             f"(or a batch of them), got {obs.shape}")
+            raise ValueError(
+                f"{self.name} takes observations of shape {self.observation_space.shape} "
+                f"(or a batch of them), got {obs.shape}"
+            )
         batch = torch.from_numpy(np.ascontiguousarray(obs[None] if single else obs)).to(self.device)
         logits, _ = self.model(batch)
         logits = logits.float().cpu()
@@ -88,15 +99,17 @@ def load_policy(run_dir: str | os.PathLike, agent: str | int = "consensus", devi
         except (TypeError, ValueError):
             raise ValueError(f"agent must be 'consensus' or a rank, got {agent!r}") from None
         if rank not in checkpoints:
-            raise FileNotFoundError(f"no checkpoint for agent {rank} in {run_dir}: it has ranks "
-                                    f"{', '.join(map(str, checkpoints))}")
+            raise FileNotFoundError(
+                f"no checkpoint for agent {rank} in {run_dir}: it has ranks {', '.join(map(str, checkpoints))}"
+            )
         paths, name = [checkpoints[rank]], f"agent-{rank}"
     states = [load_checkpoint(p) for p in paths]
     env_id = _run_env_id(Path(run_dir)) or states[0]["config"]["env_id"]
     for path, state in zip(paths, states):
         if state["config"]["env_id"] != env_id:
-            raise ValueError(f"{path} was trained on {state['config']['env_id']}, not {env_id}: "
-                             f"only agents of one env make a policy")
+            raise ValueError(
+                f"{path} was trained on {state['config']['env_id']}, not {env_id}: only agents of one env make a policy"
+            )
     envs = make_env(env_id, 1, 0, sticky_actions=states[0]["config"].get("sticky_actions", 0.0))
     observation_space, action_space = envs.observation_space, envs.action_space
     envs.close()
@@ -129,23 +142,35 @@ def render_env(policy: Policy) -> gym.Env:
     env_spec(policy.env_id)
     if not is_atari(policy.env_id):
         return gym.make(policy.env_id, render_mode="rgb_array")
-    env = gym.make(f"ALE/{atari_game(policy.env_id).title().replace('_', '')}-v5", render_mode="rgb_array",
-                   frameskip=1, repeat_action_probability=policy.config.get("sticky_actions", 0.0))
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=ATARI_FRAMESKIP, screen_size=84,
-                                          grayscale_obs=True, terminal_on_life_loss=False)
+    env = gym.make(
+        f"ALE/{atari_game(policy.env_id).title().replace('_', '')}-v5",
+        render_mode="rgb_array",
+        frameskip=1,
+        repeat_action_probability=policy.config.get("sticky_actions", 0.0),
+    )
+    env = gym.wrappers.AtariPreprocessing(
+        env, noop_max=30, frame_skip=ATARI_FRAMESKIP, screen_size=84, grayscale_obs=True, terminal_on_life_loss=False
+    )
     return gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")  # as AtariVectorEnv pads
 
 
-def record_videos(policy: Policy, video_dir: str | os.PathLike, episodes: int = 1, seed: int = 12345,
-                  deterministic: bool = False, max_steps: int = 27_000) -> list[Path]:
+def record_videos(
+    policy: Policy,
+    video_dir: str | os.PathLike,
+    episodes: int = 1,
+    seed: int = 12345,
+    deterministic: bool = False,
+    max_steps: int = 27_000,
+) -> list[Path]:
     """Play ``episodes`` episodes into ``video_dir/<policy name>/*.mp4``; returns the files written.
 
     Sampled actions by default, as ``gossiprl eval`` scores the policy; ``max_steps`` caps an
     episode of an env with no time limit (the 27,000 steps ALE's own cap means).
     """
     out = Path(video_dir) / policy.name
-    env = gym.wrappers.RecordVideo(render_env(policy), str(out), episode_trigger=lambda _: True,
-                                   name_prefix=policy.name, disable_logger=True)
+    env = gym.wrappers.RecordVideo(
+        render_env(policy), str(out), episode_trigger=lambda _: True, name_prefix=policy.name, disable_logger=True
+    )
     generator = torch.Generator()
     generator.manual_seed(seed)
     try:

@@ -6,6 +6,7 @@ on the comms-only install. Each field's default and attribute docstring are its 
 declaration: ``gossiprl run --help`` shows that docstring. ``field(metadata=...)`` carries what
 a flag needs beyond the type (a range, the valid choices); ``gossiprl.config`` says which keys.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -8,6 +8,7 @@ lock wait and data-plane bytes (the broker's counters). The run's configuration 
 TensorBoard hyperparameters with the final figures, so runs can be compared in the HPARAMS tab.
 ``track`` mirrors it to Weights & Biases as CleanRL does (wandb's TensorBoard sync).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,7 @@ class SwarmLog:
     """Fed with the agents' progress reports and the broker's stats by the launcher."""
 
     def __init__(self, run_dir: Path, config: dict, track: dict | None = None):
-        self.hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
-                        for k, v in _flatten(config).items()}
+        self.hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in _flatten(config).items()}
         self.wandb = None
         if track is not None:
             import wandb
@@ -36,8 +36,13 @@ class SwarmLog:
             # the first writer and cannot place the hparams writer's file beside it
             (Path(run_dir) / "swarm").mkdir(parents=True, exist_ok=True)
             wandb.tensorboard.patch(root_logdir=str(Path(run_dir) / "swarm"))
-            self.wandb = wandb.init(project=track.get("project") or "gossiprl", entity=track.get("entity"),
-                                    name=Path(run_dir).name, config=config, dir=str(run_dir))
+            self.wandb = wandb.init(
+                project=track.get("project") or "gossiprl",
+                entity=track.get("entity"),
+                name=Path(run_dir).name,
+                config=config,
+                dir=str(run_dir),
+            )
         self.writer = SummaryWriter(str(Path(run_dir) / "swarm"))
         self.frames: dict[int, int] = {}
         self.returns: dict[int, deque] = {}
@@ -76,8 +81,11 @@ class SwarmLog:
 
     def close(self, summary: dict) -> None:
         """The hyperparameters with the run's final figures, written once at the end."""
-        metrics = {f"hparam/{k}": float(summary[k]) for k in ("mean_return", "frames", "wall_seconds", "fps")
-                   if isinstance(summary.get(k), (int, float)) and math.isfinite(summary[k])}
+        metrics = {
+            f"hparam/{k}": float(summary[k])
+            for k in ("mean_return", "frames", "wall_seconds", "fps")
+            if isinstance(summary.get(k), (int, float)) and math.isfinite(summary[k])
+        }
         self.writer.add_hparams(self.hparams, metrics, run_name=".")
         self.writer.close()
         if self.wandb is not None:

@@ -1,4 +1,5 @@
 """Fixtures only the integration tests use: they start brokers on real sockets."""
+
 import pytest
 
 import topologies

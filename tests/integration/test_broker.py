@@ -1,4 +1,5 @@
 """The broker and client over real sockets on loopback: turn locks, consensus, refusals, garbage."""
+
 import threading
 import time
 
@@ -59,8 +60,9 @@ def test_collect_times_out_while_broker_is_alive(ring2):
     a.close()
 
 
-@pytest.mark.parametrize("name,n,options", [("ring", 6, {}), ("sparse", 8, {}), ("full", 4, {}),
-                                            ("sparse", 8, {"time_varying": True})])
+@pytest.mark.parametrize(
+    "name,n,options", [("ring", 6, {}), ("sparse", 8, {}), ("full", 4, {}), ("sparse", 8, {"time_varying": True})]
+)
 def test_sync_gossip_is_exactly_the_matrix_iteration_and_reaches_consensus(name, n, options):
     """With turn locks every round mixes exactly the round's letters, so x(t+1) = P(t) x(t) to the bit
     pattern of float64 arithmetic, and the disagreement shrinks at the rate the spectral gap says."""
@@ -158,14 +160,20 @@ def test_broker_survives_garbage_while_agents_gossip():
                 s.setsockopt(zmq.LINGER, 0)
                 s.connect(broker.address)
             bad = [
-                [b""], [b"\x00\x01"], [msgpack.packb({"v": 1, "cmd": "PUBLISH", "seq": 1, "round": 0})],
-                [msgpack.packb({"v": 9, "cmd": "HELLO", "rank": 0})], [msgpack.packb({"v": 1, "cmd": "HELLO", "rank": 99})],
+                [b""],
+                [b"\x00\x01"],
+                [msgpack.packb({"v": 1, "cmd": "PUBLISH", "seq": 1, "round": 0})],
+                [msgpack.packb({"v": 9, "cmd": "HELLO", "rank": 0})],
+                [msgpack.packb({"v": 1, "cmd": "HELLO", "rank": 99})],
                 [msgpack.packb({"v": 1, "cmd": "DELIVER", "seq": 1, "messages": []})],
             ]
             while not stop.is_set():
                 s = socks[sent[0] % len(socks)]
-                frames = bad[sent[0] % len(bad)] if sent[0] % 2 else [
-                    rng.bytes(int(rng.integers(0, 40))) for _ in range(int(rng.integers(1, 4)))]
+                frames = (
+                    bad[sent[0] % len(bad)]
+                    if sent[0] % 2
+                    else [rng.bytes(int(rng.integers(0, 40))) for _ in range(int(rng.integers(1, 4)))]
+                )
                 s.send_multipart(frames)
                 sent[0] += 1
                 while s.poll(0):

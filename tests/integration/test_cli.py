@@ -1,4 +1,5 @@
 """The `gossiprl` command as a user meets it: clear one-line errors, and real short runs."""
+
 import json
 import re
 import signal
@@ -21,20 +22,23 @@ def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
     assert (tmp_path / "g.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("args,words", [
-    (["topology", "show", "star"], "neither a topology"),
-    (["run", "--agents", "0"], "0 is not in the range"),
-    (["run", "--env", "NoSuchEnv-v9"], "NoSuchEnv-v9"),
-    (["run", "--topology", "mesh"], "ring, sparse, full"),
-    (["run", "--mode", "eventual"], "sync"),
-    (["run", "--stop-at-return", "high"], "'auto' or 'none'"),
-    (["run", "--aggregate", "mode"], "trimmed-mean"),
-    (["run", "--deviation-bound", "0.5"], "factor > 1, or 0"),
-    (["broker", "--agents", "4", "--topology", "sparse", "--peers", "9"], "peers"),
-    (["broker", "--topology", "ring"], "the ring topology needs the number of agents"),
-    (["run", "--topology", "ring", "--peers-per-round", "2"], "unknown option 'peers_per_round' for 'ring'"),
-    (["run", "--topology", "random-regular", "--option", "degree"], "give KEY=INTEGER"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["topology", "show", "star"], "neither a topology"),
+        (["run", "--agents", "0"], "0 is not in the range"),
+        (["run", "--env", "NoSuchEnv-v9"], "NoSuchEnv-v9"),
+        (["run", "--topology", "mesh"], "ring, sparse, full"),
+        (["run", "--mode", "eventual"], "sync"),
+        (["run", "--stop-at-return", "high"], "'auto' or 'none'"),
+        (["run", "--aggregate", "mode"], "trimmed-mean"),
+        (["run", "--deviation-bound", "0.5"], "factor > 1, or 0"),
+        (["broker", "--agents", "4", "--topology", "sparse", "--peers", "9"], "peers"),
+        (["broker", "--topology", "ring"], "the ring topology needs the number of agents"),
+        (["run", "--topology", "ring", "--peers-per-round", "2"], "unknown option 'peers_per_round' for 'ring'"),
+        (["run", "--topology", "random-regular", "--option", "degree"], "give KEY=INTEGER"),
+    ],
+)
 def test_bad_input_gets_one_clear_error(args, words):
     result = invoke(*args)
     assert result.exit_code == 2
@@ -51,8 +55,18 @@ def test_run_builds_the_family_with_the_options_topology_show_takes(monkeypatch,
         raise launch.RunError("recorded")
 
     monkeypatch.setattr(launch, "run", record)
-    result = invoke("run", "--agents", 8, "--topology", "gala-exponential", "--peers-per-round", 2,
-                    "--run-dir", tmp_path / "r", "--no-progress")
+    result = invoke(
+        "run",
+        "--agents",
+        8,
+        "--topology",
+        "gala-exponential",
+        "--peers-per-round",
+        2,
+        "--run-dir",
+        tmp_path / "r",
+        "--no-progress",
+    )
     assert result.exit_code == 1 and "recorded" in result.output
     shown = invoke("topology", "show", "gala-exponential", "-n", 8, "--peers-per-round", 2)
     assert shown.exit_code == 0 and built[0].describe().strip() in shown.output
@@ -84,8 +98,22 @@ def test_resume_without_a_run_says_so(tmp_path):
 @pytest.mark.timeout(180)
 def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
-    result = invoke("run", "--agents", "2", "--topology", "ring", "--total-frames", 16000, "--log-every", 20,
-                    "--run-dir", run_dir, "--no-progress", "--stop-at-return", "none")
+    result = invoke(
+        "run",
+        "--agents",
+        "2",
+        "--topology",
+        "ring",
+        "--total-frames",
+        16000,
+        "--log-every",
+        20,
+        "--run-dir",
+        run_dir,
+        "--no-progress",
+        "--stop-at-return",
+        "none",
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["agents"] == 2 and summary["frames"] >= 16000
@@ -109,11 +137,31 @@ def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
     """Ctrl-C or a scheduler's SIGTERM: agents stop, checkpoint, and no process is left behind."""
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--total-frames", "100000000",
-         "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)), 60,
-             "agents never started training", process=launcher)
+        [
+            sys.executable,
+            "-m",
+            "gossiprl.cli",
+            "run",
+            "--agents",
+            "2",
+            "--total-frames",
+            "100000000",
+            "--run-dir",
+            str(run_dir),
+            "--no-progress",
+            "--stop-at-return",
+            "none",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for(
+        lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)),
+        60,
+        "agents never started training",
+        process=launcher,
+    )
     children = child_pids(launcher.pid)
     assert len(children) >= 2
     launcher.send_signal(sig)
@@ -121,8 +169,9 @@ def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
     assert launcher.returncode == 128 + sig, output  # 130 for Ctrl-C, 143 for SIGTERM
     assert "interrupted" in output
     # multiprocessing's resource tracker leaves just after its parent
-    wait_for(lambda: not [pid for pid in children if is_running(pid)], 5, "agent processes outlived the launcher",
-             every=0.1)
+    wait_for(
+        lambda: not [pid for pid in children if is_running(pid)], 5, "agent processes outlived the launcher", every=0.1
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "interrupted" and summary["frames"] > 0
     for rank in (0, 1):
@@ -135,11 +184,30 @@ def test_agents_stop_by_themselves_when_the_launcher_is_killed(tmp_path):
     """kill -9 on the launcher leaves no orphans: each agent checkpoints and exits."""
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--total-frames", "100000000",
-         "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)), 60,
-             "agents never started training", process=launcher)
+        [
+            sys.executable,
+            "-m",
+            "gossiprl.cli",
+            "run",
+            "--agents",
+            "2",
+            "--total-frames",
+            "100000000",
+            "--run-dir",
+            str(run_dir),
+            "--no-progress",
+            "--stop-at-return",
+            "none",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(
+        lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)),
+        60,
+        "agents never started training",
+        process=launcher,
+    )
     children = child_pids(launcher.pid)
     launcher.kill()
     launcher.wait()
@@ -170,8 +238,7 @@ def test_an_agent_with_a_rank_the_swarm_lacks_gets_one_line(tmp_path):
     from gossiprl import Broker
 
     with Broker(topologies.make("ring", 2)).start() as broker:
-        result = invoke("agent", "--connect", broker.address, "--rank", 5, "--total-frames", 80,
-                        "--run-dir", tmp_path)
+        result = invoke("agent", "--connect", broker.address, "--rank", 5, "--total-frames", 80, "--run-dir", tmp_path)
     assert result.exit_code == 1 and "rank 5 out of range" in result.output
     assert "Traceback" not in result.output
 
@@ -184,8 +251,9 @@ def test_training_commands_on_the_comms_only_install_say_which_extra(monkeypatch
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
-@pytest.mark.parametrize("command", [["run"], ["agent", "--connect", "tcp://127.0.0.1:1", "--rank", "0"],
-                                     ["eval", "."]])
+@pytest.mark.parametrize(
+    "command", [["run"], ["agent", "--connect", "tcp://127.0.0.1:1", "--rank", "0"], ["eval", "."]]
+)
 def test_device_cuda_without_a_gpu_is_refused_at_start(command):
     result = invoke(*command, "--device", "cuda")
     assert result.exit_code == 2 and "no CUDA GPU is visible" in result.output
@@ -193,15 +261,22 @@ def test_device_cuda_without_a_gpu_is_refused_at_start(command):
 
 @pytest.mark.timeout(30)
 def test_an_agent_waiting_for_an_absent_broker_obeys_stop(tmp_path):
-    from gossiprl.rl.agent import AgentConfig
     from gossiprl.launch import RunError, run_agent
+    from gossiprl.rl.agent import AgentConfig
 
     stop = threading.Event()
     threading.Timer(0.5, stop.set).start()
     t0 = time.monotonic()
     with pytest.raises(RunError, match="stopped while waiting for the broker"):
-        run_agent("tcp://127.0.0.1:9", 0, AgentConfig(total_frames=80), tmp_path, stop=stop, connect_timeout=120,
-                  echo=lambda line: None)
+        run_agent(
+            "tcp://127.0.0.1:9",
+            0,
+            AgentConfig(total_frames=80),
+            tmp_path,
+            stop=stop,
+            connect_timeout=120,
+            echo=lambda line: None,
+        )
     assert time.monotonic() - t0 < 6  # within one liveness window of the signal, not the 120 s connect timeout
 
 
@@ -231,6 +306,8 @@ def test_bench_train_runs_its_swarm_over_the_data_plane_asked_for(monkeypatch):
     assert [s.data_plane for s in swarms] == ["shm"] and "ring, sync, shm" in result.output
     monkeypatch.setattr(launch, "run", lambda *a, **k: {"per_agent": {0: {"fps": 0.0}}, "mean_return": 0.0})
     idle = invoke("bench", "train", "--env", "CartPole-v1", "--seconds", 1, "--device", "cpu")
-    assert idle.exit_code == 1 and "trained no frame within 1s" in idle.output and "gossiprl training" not in idle.output
+    assert (
+        idle.exit_code == 1 and "trained no frame within 1s" in idle.output and "gossiprl training" not in idle.output
+    )
     refused = invoke("bench", "train", "--data-plane", "carrier-pigeon")
     assert refused.exit_code == 2 and "'broker', 'shm', 'direct', 'auto'" in refused.output

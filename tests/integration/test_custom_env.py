@@ -1,4 +1,5 @@
 """An env the user registers in a module of their own trains, resumes and loads by MODULE:ENV_ID."""
+
 import json
 import os
 import subprocess
@@ -54,11 +55,14 @@ def test_module_colon_id_registers_the_env_in_this_process(user_module):
     envs.close()
 
 
-@pytest.mark.parametrize("env_id, words", [
-    ("no_such_module_here:Guess-v0", "cannot import 'no_such_module_here'"),
-    ("not a module:Guess-v0", "is not a Python module name"),
-    ("my_guess_env:NoSuchEnv-v0", "unknown env id"),
-])
+@pytest.mark.parametrize(
+    "env_id, words",
+    [
+        ("no_such_module_here:Guess-v0", "cannot import 'no_such_module_here'"),
+        ("not a module:Guess-v0", "is not a Python module name"),
+        ("my_guess_env:NoSuchEnv-v0", "unknown env id"),
+    ],
+)
 def test_a_bad_module_or_an_unregistered_id_is_one_clear_error(user_module, env_id, words):
     with pytest.raises(ValueError, match=words):
         env_spec(env_id)
@@ -69,9 +73,28 @@ def test_a_swarm_trains_on_it_and_the_policy_loads(user_module, tmp_path):
     """The agents are spawned processes: each must register the env again, from the id alone."""
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "gossiprl.cli", "run", "--env", "my_guess_env:Guess-v0", "--agents", "2",
-         "--total-frames", "20000", "--num-envs", "4", "--no-progress", "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=170, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "gossiprl.cli",
+            "run",
+            "--env",
+            "my_guess_env:Guess-v0",
+            "--agents",
+            "2",
+            "--total-frames",
+            "20000",
+            "--num-envs",
+            "4",
+            "--no-progress",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["frames"] >= 20000 or summary["solved_at"], summary

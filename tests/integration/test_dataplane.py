@@ -4,6 +4,7 @@ Every plane must give the swarm exactly what the relay gives it, never hand a re
 that was being overwritten, fall back to the relay for an edge it cannot serve, and leave no
 shared memory behind whatever gets killed.
 """
+
 import csv
 import json
 import multiprocessing as mp
@@ -59,11 +60,21 @@ def _curve_ring(tmp_path, agent_names):
     keys.generate(tmp_path / "broker", "broker")
     for name in set(agent_names):
         keys.generate(tmp_path / "agents", name)
-    broker = Broker(topologies.make("ring", 2), data_plane="direct",
-                    curve=(tmp_path / "broker" / "broker.key_secret", tmp_path / "agents")).start()
-    clients = [GossipClient(broker.address, r, timeout=20, **FAST,
-                            curve=(tmp_path / "agents" / f"{name}.key_secret", tmp_path / "broker" / "broker.key"))
-               for r, name in enumerate(agent_names)]
+    broker = Broker(
+        topologies.make("ring", 2),
+        data_plane="direct",
+        curve=(tmp_path / "broker" / "broker.key_secret", tmp_path / "agents"),
+    ).start()
+    clients = [
+        GossipClient(
+            broker.address,
+            r,
+            timeout=20,
+            **FAST,
+            curve=(tmp_path / "agents" / f"{name}.key_secret", tmp_path / "broker" / "broker.key"),
+        )
+        for r, name in enumerate(agent_names)
+    ]
     return broker, clients
 
 
@@ -72,8 +83,12 @@ def _segments_left() -> list[str]:
 
     (Other programs' files in /dev/shm come and go meanwhile, so only ours are looked for.)
     """
-    left = [f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if "gossiprl" in name] \
-        if os.path.isdir("/dev/shm") else []
+    left = (
+        [f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if "gossiprl" in name]
+        if os.path.isdir("/dev/shm")
+        else []
+    )
+
     def readlink(path):
         try:
             return os.readlink(path)
@@ -209,12 +224,14 @@ def test_writer_killed_mid_read_leaves_a_readable_letter_and_no_segment(tmp_path
 def _bogus_endpoint(rank):
     def tamper(clients):
         clients[rank]._plane.server.endpoint = "tcp://127.0.0.1:1"  # nothing listens there
+
     return tamper
 
 
 def _elsewhere(rank):
     def tamper(clients):
         clients[rank]._plane.host = "another-host"  # this reader cannot map anyone's memory
+
     return tamper
 
 
@@ -232,6 +249,7 @@ def test_unreachable_writer_falls_back_to_the_relay_for_that_edge(plane, tamper)
 
 def _rounds(clients, k, x):
     """k exchange rounds of every client at once (a sync ring needs them all publishing)."""
+
     def agent(c):
         for _ in range(k):
             c.exchange({"x": x})
@@ -272,12 +290,18 @@ def test_a_broker_restart_keeps_the_references_and_relearns_the_relayed_edges(tm
         broker.close()
 
 
-@pytest.mark.parametrize("fields,frames,why", [
-    ({"round": 0, "tensors": [{"name": "x", "dtype": "float32", "shape": [2], "nbytes": 8}], "ref": [1]}, [],
-     "'ref' must be a map"),
-    ({"round": 0, "unreachable": [-1]}, None, "'unreachable' must be a list of ranks"),
-    ({"round": 0, "unreachable": [True]}, None, "'unreachable' must be a list of ranks"),
-])
+@pytest.mark.parametrize(
+    "fields,frames,why",
+    [
+        (
+            {"round": 0, "tensors": [{"name": "x", "dtype": "float32", "shape": [2], "nbytes": 8}], "ref": [1]},
+            [],
+            "'ref' must be a map",
+        ),
+        ({"round": 0, "unreachable": [-1]}, None, "'unreachable' must be a list of ranks"),
+        ({"round": 0, "unreachable": [True]}, None, "'unreachable' must be a list of ranks"),
+    ],
+)
 def test_malformed_data_plane_fields_are_refused_with_the_rule(fields, frames, why):
     cmd = wire.PUBLISH if frames is not None else wire.COLLECT
     with pytest.raises(wire.WireError, match=why) as err:
@@ -298,8 +322,24 @@ def test_a_reference_only_letter_moves_no_bytes_through_the_broker():
 def test_cartpole_run_over_a_data_plane(tmp_path, plane):
     assert _segments_left() == []
     run_dir = tmp_path / "run"
-    result = invoke("run", "--agents", 2, "--topology", "ring", "--data-plane", plane, "--total-frames", 8000,
-                    "--log-every", 20, "--run-dir", run_dir, "--no-progress", "--stop-at-return", "none")
+    result = invoke(
+        "run",
+        "--agents",
+        2,
+        "--topology",
+        "ring",
+        "--data-plane",
+        plane,
+        "--total-frames",
+        8000,
+        "--log-every",
+        20,
+        "--run-dir",
+        run_dir,
+        "--no-progress",
+        "--stop-at-return",
+        "none",
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["frames"] >= 8000 and not summary["failed"]
@@ -312,8 +352,14 @@ def test_cartpole_run_over_a_data_plane(tmp_path, plane):
 def test_bench_rows_measure_every_path():
     from gossiprl.bench import planes as bench_planes
 
-    table = bench_planes.run(agents=(2,), numel=10_000, rounds=3, warmup=1,
-                             rows=("gala_shm", "gloo_ring", "gloo_allreduce", "shm", "direct"), echo=lambda _: None)
+    table = bench_planes.run(
+        agents=(2,),
+        numel=10_000,
+        rounds=3,
+        warmup=1,
+        rows=("gala_shm", "gloo_ring", "gloo_allreduce", "shm", "direct"),
+        echo=lambda _: None,
+    )
     assert all(table[0][row] > 0 for row in ("gala_shm", "gloo_ring", "gloo_allreduce", "shm", "direct"))
     assert table[0]["shm_over_gala"] > 0
 
@@ -408,12 +454,36 @@ def test_writer_without_an_ack_sends_its_next_letter_through_the_broker():
 def test_kill_9_of_the_launcher_and_its_agents_leaves_no_segment(tmp_path):
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--data-plane", "shm",
-         "--total-frames", "100000000", "--log-every", "5", "--run-dir", str(run_dir), "--no-progress",
-         "--stop-at-return", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "gossiprl.cli",
+            "run",
+            "--agents",
+            "2",
+            "--data-plane",
+            "shm",
+            "--total-frames",
+            "100000000",
+            "--log-every",
+            "5",
+            "--run-dir",
+            str(run_dir),
+            "--no-progress",
+            "--stop-at-return",
+            "none",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        wait_for(lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in range(2)), 90,
-                 "the swarm never started", process=launcher)
+        wait_for(
+            lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in range(2)),
+            90,
+            "the swarm never started",
+            process=launcher,
+        )
         assert _segments_left(), "the swarm runs without any segment: this test would prove nothing"
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
@@ -448,8 +518,7 @@ def test_a_reference_to_a_pipe_or_garbage_is_refused_not_followed():
     read_end, write_end = os.pipe()
     os.close(write_end)
     try:
-        plane_ref = {"pid": os.getpid(), "fd": read_end, "token": "00" * 16, "slot": 0, "version": 2,
-                     "host": "here"}
+        plane_ref = {"pid": os.getpid(), "fd": read_end, "token": "00" * 16, "slot": 0, "version": 2, "host": "here"}
         specs = [TensorSpec("x", "float32", (4,), 16, "float32")]
         with pytest.raises(OSError):
             ShmReader().read(plane_ref, specs, copy=False)

@@ -4,6 +4,7 @@ a finished cell, and RESULTS.md is generated from what the studies wrote.
 The studies share one results dir, so cells two studies have in common (the 4-agent sync ring
 and the independent agents) run once: seven real CartPole cells in all, one seed each (the layout
 study's netns cell only where root can make network namespaces)."""
+
 import json
 import subprocess
 import sys
@@ -23,8 +24,9 @@ def results(tmp_path_factory):
 
 
 def run_quick(module, out):
-    result = CliRunner().invoke(module.main, ["--quick", "--seeds", "1", "--frames", FRAMES, "--out", str(out)],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        module.main, ["--quick", "--seeds", "1", "--frames", FRAMES, "--out", str(out)], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -68,31 +70,41 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
     assert layouts == ({"one host"} if layout.netns_unavailable() else {"one host", "netns"})
 
     output = results / "RESULTS.md"
-    result = CliRunner().invoke(make_results.main, ["--results", str(results), "--output", str(output)],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        make_results.main, ["--results", str(results), "--output", str(output)], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     text = output.read_text()
-    for title in ("Ordering ablation", "Topology ablation", "Agent-count scaling", "Batch size and gossip period",
-                  "Layout: one host vs network-namespace hosts"):
+    for title in (
+        "Ordering ablation",
+        "Topology ablation",
+        "Agent-count scaling",
+        "Batch size and gossip period",
+        "Layout: one host vs network-namespace hosts",
+    ):
         assert f"## {title}" in text
     assert "Missing cells" not in text  # --quick plans exactly the cells it ran
     assert "untestable (one seed, no interval)" in text and "**agrees**" not in text
 
 
 def test_study_help_runs_as_a_script():
-    done = subprocess.run([sys.executable, "-m", "experiments.scaling", "--help"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.scaling", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and "--quick" in done.stdout
 
 
 def test_t_interval_and_curve_interpolation():
     mean, half = ci95([1.0, 2.0, 3.0])
-    assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / 3 ** 0.5, rel=1e-3)
+    assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / 3**0.5, rel=1e-3)
     assert ci95([5.0])[1] != ci95([5.0])[1]  # nan: one seed has no interval
-    rows = [{"agent": 0, "frames": 100, "wall_s": 1.0, "mean_return_100": 10.0},
-            {"agent": 0, "frames": 200, "wall_s": 2.0, "mean_return_100": 20.0},
-            {"agent": 1, "frames": 100, "wall_s": 1.0, "mean_return_100": 30.0},
-            {"agent": 1, "frames": 200, "wall_s": 2.0, "mean_return_100": 40.0}]
+    rows = [
+        {"agent": 0, "frames": 100, "wall_s": 1.0, "mean_return_100": 10.0},
+        {"agent": 0, "frames": 200, "wall_s": 2.0, "mean_return_100": 20.0},
+        {"agent": 1, "frames": 100, "wall_s": 1.0, "mean_return_100": 30.0},
+        {"agent": 1, "frames": 200, "wall_s": 2.0, "mean_return_100": 40.0},
+    ]
     import numpy as np
+
     curve = swarm_curve(rows, "frames", np.array([300.0, 400.0, 900.0]), agents=2)  # swarm frames = 2 x agent frames
     assert curve[0] == pytest.approx(25.0) and curve[1] == pytest.approx(30.0) and np.isnan(curve[2])

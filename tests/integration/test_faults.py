@@ -3,6 +3,7 @@
 Nothing may hang forever, the survivors must go on gossiping with each other, and nothing a
 live agent learned may be lost.
 """
+
 import json
 import signal
 import subprocess
@@ -24,6 +25,7 @@ QUICK = {"heartbeat": 0.1, "liveness": 3}  # 0.3 s, for tests about how fast a d
 
 
 # ------------------------------------------------------------------ topology repair (pure maths)
+
 
 def test_ring_without_a_dead_agent_is_the_ring_of_the_survivors():
     ring = topologies.make("ring", 5).without([2])
@@ -61,6 +63,7 @@ def test_bypassing_dead_agents_keeps_rows_stochastic_and_survivors_connected(dat
 
 
 # ------------------------------------------------------------------ an agent dies and comes back
+
 
 def _exchange_forever(client, x, stop, log):
     while not stop.is_set():
@@ -161,6 +164,7 @@ def test_letter_sent_while_a_row_is_changing_reaches_its_new_reader():
 
 # ------------------------------------------------------------------ the broker dies and comes back
 
+
 def test_training_goes_on_through_a_broker_restart_and_gossip_resumes():
     topo = topologies.make("ring", 2)
     broker = Broker(topo).start()
@@ -216,6 +220,7 @@ def test_call_raises_broker_unavailable_within_the_liveness_window():
 
 # ------------------------------------------------------------------ poison
 
+
 def test_publish_refuses_non_finite_parameters():
     torch = pytest.importorskip("torch")
     with Broker(topologies.make("ring", 2)).start() as broker, GossipClient(broker.address, 0) as c:
@@ -248,19 +253,40 @@ def test_mix_weights_are_renormalised_over_the_letters_used():
 
 # ------------------------------------------------------------------ processes: kill -9 and restart
 
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("fail_fast", [False, True])
 def test_launcher_carries_on_when_an_agent_is_killed(tmp_path, fail_fast):
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "3", "--total-frames", "150000",
-         "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none", "--log-every", "20",
-         *(["--fail-fast"] if fail_fast else [])],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in range(3)), 60,
-             "agents never started")
-    agent_pids = subprocess.run(["pgrep", "-P", str(launcher.pid), "-f", "spawn_main"],
-                                capture_output=True, text=True).stdout.split()
+        [
+            sys.executable,
+            "-m",
+            "gossiprl.cli",
+            "run",
+            "--agents",
+            "3",
+            "--total-frames",
+            "150000",
+            "--run-dir",
+            str(run_dir),
+            "--no-progress",
+            "--stop-at-return",
+            "none",
+            "--log-every",
+            "20",
+            *(["--fail-fast"] if fail_fast else []),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for(
+        lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in range(3)), 60, "agents never started"
+    )
+    agent_pids = subprocess.run(
+        ["pgrep", "-P", str(launcher.pid), "-f", "spawn_main"], capture_output=True, text=True
+    ).stdout.split()
     assert len(agent_pids) == 3
     subprocess.run(["kill", "-9", agent_pids[1]], check=True)
     output, _ = launcher.communicate(timeout=120)
@@ -283,16 +309,51 @@ def test_killed_agent_restarts_with_resume_and_rejoins(tmp_path):
     Agent 1 is killed -9 mid-run and restarted with --resume; everyone finishes."""
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
-    broker = subprocess.Popen([sys.executable, "-m", "gossiprl.cli", "broker", "--bind", address, "--agents", "3",
-                               "--peer-timeout", "2", "--stats-every", "1", "--stats-json"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    broker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gossiprl.cli",
+            "broker",
+            "--bind",
+            address,
+            "--agents",
+            "3",
+            "--peer-timeout",
+            "2",
+            "--stats-every",
+            "1",
+            "--stats-json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
     def agent(rank, resume=False):
-        cmd = [sys.executable, "-m", "gossiprl.cli", "agent", "--connect", address, "--rank", str(rank),
-               "--total-frames", "60000", "--run-dir", str(tmp_path / "run"), "--log-every", "20",
-               "--checkpoint-every", "50", "--torch-threads", "1"]
-        return subprocess.Popen(cmd + (["--resume"] if resume else []), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "gossiprl.cli",
+            "agent",
+            "--connect",
+            address,
+            "--rank",
+            str(rank),
+            "--total-frames",
+            "60000",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--log-every",
+            "20",
+            "--checkpoint-every",
+            "50",
+            "--torch-threads",
+            "1",
+        ]
+        return subprocess.Popen(
+            cmd + (["--resume"] if resume else []), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
 
     try:
         agents = {r: agent(r) for r in range(3)}

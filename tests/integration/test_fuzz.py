@@ -6,6 +6,7 @@ Every test talks to a live Broker on tcp://127.0.0.1:0 over real sockets. Replie
 socket come back in the order its requests went out, so each reply is matched to the input that
 caused it and its ERROR code is checked exactly.
 """
+
 import collections
 import random
 import threading
@@ -20,19 +21,45 @@ from hypothesis import strategies as st
 from zmq.utils.monitor import recv_monitor_message
 
 import topologies
-from brokers import (MIB, ask, assert_error, assert_pair_gossips, close_broker, dealer, gossip_rounds, head,
-                     leave, letter, new_broker, publish_frames, register)
+from brokers import (
+    MIB,
+    ask,
+    assert_error,
+    assert_pair_gossips,
+    close_broker,
+    dealer,
+    gossip_rounds,
+    head,
+    leave,
+    letter,
+    new_broker,
+    publish_frames,
+    register,
+)
 from gossiprl import Broker, GossipClient, mix, wire
 from gossiprl.comms.broker import MAX_HELLO_BYTES
 
 # Codes a broker answers with (PROTOCOL.md section 4), the keys of stats()["errors"]. What is no
 # one's error ("undeliverable", "expired", "letters-dropped-by-rewiring", ...) is in stats()["events"].
-REPLY_CODES = {"bad-message", "bad-dtype", "too-large", "version", "unknown-command", "not-registered",
-               "rank-range", "rank-taken", "rank-forbidden", "taken-over", "topology-mismatch", "schema-mismatch",
-               "internal"}
+REPLY_CODES = {
+    "bad-message",
+    "bad-dtype",
+    "too-large",
+    "version",
+    "unknown-command",
+    "not-registered",
+    "rank-range",
+    "rank-taken",
+    "rank-forbidden",
+    "taken-over",
+    "topology-mismatch",
+    "schema-mismatch",
+    "internal",
+}
 
 
 # ---------------------------------------------------------------- helpers
+
 
 def readable_seq(frames):
     """The seq a refusal must echo (PROTOCOL.md section 4): the request's seq when its header
@@ -53,6 +80,7 @@ def raw(ring2):
 
 
 # ---------------------------------------------------------------- one test per class of bad input
+
 
 @pytest.mark.timeout(20)
 def test_malformed_frames_get_bad_message(ring2, raw):
@@ -77,7 +105,9 @@ def test_malformed_frames_get_bad_message(ring2, raw):
         [head("PUBLISH", seq=1, round=0, tensors=[spec])],  # frame missing
         [head("PUBLISH", seq=1, round=0, tensors=[spec]), b"\0" * 8, b"\0" * 8],  # one too many
         [head("PUBLISH", seq=1, round=0, tensors=[spec]), b"\0" * 7],
-        [head("PUBLISH", seq=1, round=0, tensors=[]), ],
+        [
+            head("PUBLISH", seq=1, round=0, tensors=[]),
+        ],
         [head("PUBLISH", seq=1, round=0, tensors="x"), b"\0" * 8],
         [head("PUBLISH", seq=1, round=0, tensors=[spec, spec]), b"\0" * 8, b"\0" * 8],  # duplicate name
         [head("PUBLISH", seq=1, round=0, tensors=[{**spec, "nbytes": 9}]), b"\0" * 9],
@@ -104,10 +134,16 @@ def test_malformed_frames_get_bad_message(ring2, raw):
 
 @pytest.mark.timeout(20)
 def test_dtype_outside_the_list_gets_bad_dtype(ring2, raw):
-    for dtype, decode_as, nbytes in [("complex64", None, 8), ("object", None, 8), ("float128", None, 16),
-                                     ("", None, 8), (7, None, 8), ("float32", "complex64", 8),
-                                     ("int32", "float32", 8),  # only floats may be compressed
-                                     ("float16", "int16", 4)]:
+    for dtype, decode_as, nbytes in [
+        ("complex64", None, 8),
+        ("object", None, 8),
+        ("float128", None, 16),
+        ("", None, 8),
+        (7, None, 8),
+        ("float32", "complex64", 8),
+        ("int32", "float32", 8),  # only floats may be compressed
+        ("float16", "int16", 4),
+    ]:
         spec = {"name": "x", "dtype": dtype, "shape": [2], "nbytes": nbytes}
         if decode_as is not None:
             spec["as"] = decode_as
@@ -131,8 +167,10 @@ def test_header_declared_payload_over_the_limit_gets_too_large():
             [head("PUBLISH", seq=1, round=0, tensors=[big]), b"\0" * 16],  # small frame, big claim
             [head("PUBLISH", seq=1, round=0, tensors=[{**big, "shape": [1 << 62], "nbytes": 1 << 62}])],
             [head("PUBLISH", seq=1, round=0, tensors=halves), b"", b""],  # the total counts
-            [head("PUBLISH", seq=1, round=0, tensors=[{**big, "shape": [MIB + 1], "nbytes": MIB + 1}]),
-             b"\0" * (MIB + 1)],  # honest, under MAXMSGSIZE, over the payload limit
+            [
+                head("PUBLISH", seq=1, round=0, tensors=[{**big, "shape": [MIB + 1], "nbytes": MIB + 1}]),
+                b"\0" * (MIB + 1),
+            ],  # honest, under MAXMSGSIZE, over the payload limit
         ]:
             assert_error(ask(sock, frames), "too-large", seq=1, words=("limit",))
         # A header over 1 MiB (in a frame ZeroMQ still lets through) is refused before parsing: no seq.
@@ -162,7 +200,9 @@ def test_frame_over_maxmsgsize_drops_that_connection_and_the_broker_serves_on():
             vandal.send_multipart(frames)
             events = []
             deadline = time.monotonic() + 3
-            while zmq.EVENT_DISCONNECTED not in events and monitor.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+            while zmq.EVENT_DISCONNECTED not in events and monitor.poll(
+                max(1, int((deadline - time.monotonic()) * 1000))
+            ):
                 events.append(recv_monitor_message(monitor)["event"])
             assert zmq.EVENT_DISCONNECTED in events, "ZeroMQ should drop the connection of an oversize frame"
             assert not vandal.poll(300), "an oversize frame gets no reply: ZeroMQ drops it unread"
@@ -180,7 +220,7 @@ def test_frame_over_maxmsgsize_drops_that_connection_and_the_broker_serves_on():
         assert set(errors) == {"not-registered"}, errors  # the oversize frames were never read
         assert broker._thread.is_alive()
         vandal.disable_monitor()  # else its inproc://monitor.s-<fd> name outlives it and the next socket
-        monitor.close(linger=0)    # with that fd (a GossipClient's watch) cannot bind it
+        monitor.close(linger=0)  # with that fd (a GossipClient's watch) cannot bind it
         vandal.close(linger=0)
         bystander.close(linger=0)
         assert_pair_gossips(broker)
@@ -190,7 +230,7 @@ def test_frame_over_maxmsgsize_drops_that_connection_and_the_broker_serves_on():
 
 @pytest.mark.timeout(20)
 def test_wrong_protocol_version_gets_version(ring2, raw):
-    versions = [0, 2, -1, 2 ** 64 - 1, "1", None, [1], 1.5, 1.0, True]  # 1.0 and True == 1 in Python only
+    versions = [0, 2, -1, 2**64 - 1, "1", None, [1], 1.5, 1.0, True]  # 1.0 and True == 1 in Python only
     for v in versions:
         reply = ask(raw, [msgpack.packb({"v": v, "cmd": "HELLO", "seq": 4, "rank": 0})])
         assert_error(reply, "version", seq=4, words=("speaks 1",))
@@ -203,12 +243,17 @@ def test_wrong_protocol_version_gets_version(ring2, raw):
 def test_unknown_command_gets_unknown_command(ring2, raw):
     commands = ["EVAL", "", "hello", "HELLO ", "PUBLISH\x00", 5, None, ["HELLO"], {"cmd": "HELLO"}]
     for cmd in commands:
-        assert_error(ask(raw, [msgpack.packb({"v": 1, "cmd": cmd, "seq": 9})]), "unknown-command", seq=9,
-                     words=("valid",))
+        assert_error(
+            ask(raw, [msgpack.packb({"v": 1, "cmd": cmd, "seq": 9})]), "unknown-command", seq=9, words=("valid",)
+        )
     # The broker's own replies are no requests (seq is readable there, so it is echoed).
-    replies = [[head("WELCOME", seq=9)], [head("ACK", seq=9)], [head("PONG", seq=9)],
-               [head("ERROR", seq=9, code="x", reason="y")],
-               [head("DELIVER", seq=9, messages=[], weights=[])]]
+    replies = [
+        [head("WELCOME", seq=9)],
+        [head("ACK", seq=9)],
+        [head("PONG", seq=9)],
+        [head("ERROR", seq=9, code="x", reason="y")],
+        [head("DELIVER", seq=9, messages=[], weights=[])],
+    ]
     for frames in replies:
         assert_error(ask(raw, frames), "unknown-command", seq=9, words=("broker reply",))
     assert ring2.stats()["errors"] == {"unknown-command": len(commands) + len(replies)}
@@ -217,8 +262,12 @@ def test_unknown_command_gets_unknown_command(ring2, raw):
 
 @pytest.mark.timeout(20)
 def test_request_before_hello_or_after_bye_gets_not_registered(ring2, raw):
-    requests = [[head("PING", seq=11)], [head("COLLECT", seq=12, round=0)],
-                publish_frames(letter(0, 0, np.zeros(4, np.float32)), 13, 0), [head("BYE", seq=14)]]
+    requests = [
+        [head("PING", seq=11)],
+        [head("COLLECT", seq=12, round=0)],
+        publish_frames(letter(0, 0, np.zeros(4, np.float32)), 13, 0),
+        [head("BYE", seq=14)],
+    ]
     for seq, frames in zip(range(11, 15), requests):
         assert_error(ask(raw, frames), "not-registered", seq=seq, words=("HELLO",))
     welcome = ask(raw, [head("HELLO", seq=15, rank=0)])
@@ -246,7 +295,7 @@ def test_request_after_the_broker_expired_the_agent_gets_not_registered():
 
 @pytest.mark.timeout(20)
 def test_rank_out_of_range_gets_rank_range(ring2, raw):
-    ranks = [-1, 2, 3, 2 ** 63 - 1, -2 ** 63, 2 ** 64 - 1]
+    ranks = [-1, 2, 3, 2**63 - 1, -(2**63), 2**64 - 1]
     for rank in ranks:
         assert_error(ask(raw, [head("HELLO", seq=21, rank=rank)]), "rank-range", seq=21, words=("0..1",))
     # Out of range wins over a takeover request.
@@ -259,10 +308,16 @@ def test_rank_out_of_range_gets_rank_range(ring2, raw):
 def test_duplicate_rank_gets_rank_taken_and_does_not_unseat_the_agent(ring2, raw):
     clients = [GossipClient(ring2.address, r, timeout=10) for r in (0, 1)]
     try:
-        for fields in [{"rank": 0}, {"rank": 1}, {"rank": 0, "takeover": False}, {"rank": 1, "takeover": None},
-                       {"rank": 0, "n": 2, "topology": ring2.topology.digest()}]:
-            assert_error(ask(raw, [head("HELLO", seq=31, **fields)]), "rank-taken", seq=31,
-                         words=("already registered",))
+        for fields in [
+            {"rank": 0},
+            {"rank": 1},
+            {"rank": 0, "takeover": False},
+            {"rank": 1, "takeover": None},
+            {"rank": 0, "n": 2, "topology": ring2.topology.digest()},
+        ]:
+            assert_error(
+                ask(raw, [head("HELLO", seq=31, **fields)]), "rank-taken", seq=31, words=("already registered",)
+            )
         assert_error(ask(raw, [head("PING", seq=32)]), "not-registered", seq=32)  # still nobody
         assert gossip_rounds(clients, 3) == []
         stats = ring2.stats()
@@ -275,12 +330,16 @@ def test_duplicate_rank_gets_rank_taken_and_does_not_unseat_the_agent(ring2, raw
 
 @pytest.mark.timeout(20)
 def test_topology_disagreement_gets_topology_mismatch(ring2, raw):
-    cases = [({"n": 3}, "3 agents"), ({"n": 1}, "1 agents"), ({"n": 0}, "0 agents"),
-             ({"topology": "0" * 16}, "digest"), ({"topology": topologies.make("ring", 3).digest()}, "digest"),
-             ({"n": 2, "topology": topologies.from_matrix([[0.3, 0.7], [0.5, 0.5]]).digest()}, "digest")]
+    cases = [
+        ({"n": 3}, "3 agents"),
+        ({"n": 1}, "1 agents"),
+        ({"n": 0}, "0 agents"),
+        ({"topology": "0" * 16}, "digest"),
+        ({"topology": topologies.make("ring", 3).digest()}, "digest"),
+        ({"n": 2, "topology": topologies.from_matrix([[0.3, 0.7], [0.5, 0.5]]).digest()}, "digest"),
+    ]
     for fields, words in cases:
-        assert_error(ask(raw, [head("HELLO", seq=41, rank=1, **fields)]), "topology-mismatch", seq=41,
-                     words=(words,))
+        assert_error(ask(raw, [head("HELLO", seq=41, rank=1, **fields)]), "topology-mismatch", seq=41, words=(words,))
     assert ring2.stats()["errors"] == {"topology-mismatch": len(cases)}
     assert_pair_gossips(ring2)
 
@@ -291,11 +350,16 @@ def test_schema_change_mid_run_gets_schema_mismatch_and_the_first_schema_keeps_w
     assert ask(raw, [head("HELLO", seq=1, rank=0)]).cmd == wire.WELCOME
     ack = ask(raw, publish_frames(letter(0, 0, x), 2, 0))
     assert ack.cmd == wire.ACK and ack["written"] == [1]
-    for seq, changed in enumerate([{"tag": np.zeros(2, np.float32), "x": np.zeros(5, np.float32)},  # shape
-                                   {"tag": np.zeros(2, np.float32), "x": np.zeros(4, np.float64)},  # dtype
-                                   {"tag": np.zeros(2, np.float32), "y": np.zeros(4, np.float32)},  # name
-                                   {"tag": np.zeros(2, np.float32)},  # a tensor less
-                                   {**letter(0, 1, x), "z": np.zeros(1, np.float32)}], start=3):  # one more
+    for seq, changed in enumerate(
+        [
+            {"tag": np.zeros(2, np.float32), "x": np.zeros(5, np.float32)},  # shape
+            {"tag": np.zeros(2, np.float32), "x": np.zeros(4, np.float64)},  # dtype
+            {"tag": np.zeros(2, np.float32), "y": np.zeros(4, np.float32)},  # name
+            {"tag": np.zeros(2, np.float32)},  # a tensor less
+            {**letter(0, 1, x), "z": np.zeros(1, np.float32)},
+        ],
+        start=3,
+    ):  # one more
         assert_error(ask(raw, publish_frames(changed, seq, 1)), "schema-mismatch", seq=seq, words=("schema",))
     b = GossipClient(ring2.address, 1, timeout=10)
     try:
@@ -320,16 +384,18 @@ def test_schema_change_mid_run_gets_schema_mismatch_and_the_first_schema_keeps_w
 
 # ---------------------------------------------------------------- regressions: bugs the fuzzing found
 
+
 @pytest.mark.timeout(20)
 def test_unhashable_dtype_gets_bad_dtype_not_internal(ring2, raw):
     """Found by fuzzing: `dtype not in _ITEMSIZE` (a dict) raised TypeError for a list or map as
     `dtype` or `as`, and the broker answered `internal` instead of `bad-dtype`."""
     spec = {"name": "x", "shape": [2], "nbytes": 8}
-    cases = [[head("PUBLISH", seq=5, round=0, tensors=[{**spec, "dtype": ["float32"]}]), b"\0" * 8],
-             [head("PUBLISH", seq=5, round=0, tensors=[{**spec, "dtype": {"a": 1}}]), b"\0" * 8],
-             [head("PUBLISH", seq=5, round=0, tensors=[{**spec, "dtype": "float32", "as": []}]), b"\0" * 8],
-             [head("DELIVER", seq=5, weights=[], messages=[{"rank": 0, "tensors": [{**spec, "dtype": [1]}]}]),
-              b"\0" * 8]]
+    cases = [
+        [head("PUBLISH", seq=5, round=0, tensors=[{**spec, "dtype": ["float32"]}]), b"\0" * 8],
+        [head("PUBLISH", seq=5, round=0, tensors=[{**spec, "dtype": {"a": 1}}]), b"\0" * 8],
+        [head("PUBLISH", seq=5, round=0, tensors=[{**spec, "dtype": "float32", "as": []}]), b"\0" * 8],
+        [head("DELIVER", seq=5, weights=[], messages=[{"rank": 0, "tensors": [{**spec, "dtype": [1]}]}]), b"\0" * 8],
+    ]
     register(raw)
     replies = [ask(raw, frames) for frames in cases]
     leave(raw)
@@ -381,7 +447,7 @@ def test_a_peer_that_never_reads_its_replies_does_not_stall_the_broker():
         for c in pair:
             c.close()
         assert close_broker(broker)
-    assert problems == [], (f"the broker stalled after {alive_errors} of {sent} unread replies: {problems}")
+    assert problems == [], f"the broker stalled after {alive_errors} of {sent} unread replies: {problems}"
 
 
 @pytest.mark.timeout(30)
@@ -414,16 +480,27 @@ N_RANDOM = 8000  # raw random frames (and bit flips / truncations of valid messa
 N_OVERSIZE = 4  # frames over ZMQ_MAXMSGSIZE: the connection is dropped, nothing is answered
 FUZZ_SECONDS = 20  # stop sending after this, whatever is left
 
-WEIRD = (st.none() | st.booleans() | st.integers(-2 ** 63, 2 ** 64 - 1) | st.floats() | st.text(max_size=6)
-         | st.just(b"") | st.lists(st.integers(-3, 3), max_size=2)
-         | st.dictionaries(st.text(max_size=3), st.integers(-3, 3), max_size=1))
+WEIRD = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=6)
+    | st.just(b"")
+    | st.lists(st.integers(-3, 3), max_size=2)
+    | st.dictionaries(st.text(max_size=3), st.integers(-3, 3), max_size=1)
+)
 COMMANDS = wire.CLIENT_COMMANDS + wire.BROKER_COMMANDS
 SPEC = st.fixed_dictionaries(
-    {"name": st.sampled_from(["x", "tag"]) | st.text(max_size=4) | WEIRD,
-     "dtype": st.sampled_from(wire.DTYPES) | st.sampled_from(["complex64", "object", ""]) | WEIRD,
-     "shape": st.lists(st.integers(0, 4), max_size=3) | st.lists(st.integers(-2 ** 63, 2 ** 64 - 1), max_size=9)
-     | WEIRD},
-    optional={"as": st.sampled_from(wire.DTYPES) | WEIRD, "nbytes": st.integers(-1, 2 ** 64 - 1) | WEIRD})
+    {
+        "name": st.sampled_from(["x", "tag"]) | st.text(max_size=4) | WEIRD,
+        "dtype": st.sampled_from(wire.DTYPES) | st.sampled_from(["complex64", "object", ""]) | WEIRD,
+        "shape": st.lists(st.integers(0, 4), max_size=3)
+        | st.lists(st.integers(-(2**63), 2**64 - 1), max_size=9)
+        | WEIRD,
+    },
+    optional={"as": st.sampled_from(wire.DTYPES) | WEIRD, "nbytes": st.integers(-1, 2**64 - 1) | WEIRD},
+)
 
 
 def hello_is_a_hijack(header, n):
@@ -462,22 +539,35 @@ def frames_for(tensors):
 @st.composite
 def garbage(draw, digest):
     """A header of random, partly valid fields, and payload frames matching its schema or random."""
-    header = draw(st.fixed_dictionaries({}, optional={
-        "v": st.just(1) | st.just(1) | WEIRD,
-        "cmd": st.sampled_from(COMMANDS) | st.sampled_from(COMMANDS) | st.text(max_size=8) | WEIRD,
-        "seq": st.integers(-2 ** 63, 2 ** 64 - 1) | WEIRD,
-        "rank": st.sampled_from(range(N_AGENTS)) | st.sampled_from([-1, N_AGENTS, 2 ** 63 - 1, -2 ** 63])
-        | st.integers(-2 ** 63, 2 ** 64 - 1) | WEIRD,
-        "n": st.none() | st.just(N_AGENTS) | st.integers(-2, 10) | WEIRD,
-        "topology": st.none() | st.just(digest) | st.text(max_size=16) | WEIRD,
-        "takeover": st.booleans() | WEIRD,
-        "round": st.integers(-2 ** 63, 2 ** 64 - 1) | WEIRD,
-        "tensors": st.lists(SPEC.map(complete_spec), max_size=3) | WEIRD,
-        "messages": st.lists(st.fixed_dictionaries({"rank": st.integers(-1, N_AGENTS)},
-                                                   optional={"tensors": st.lists(SPEC.map(complete_spec), max_size=2)}),
-                             max_size=2) | WEIRD,
-        "weights": st.lists(st.tuples(st.integers(-1, N_AGENTS), st.floats(0, 1)).map(list), max_size=2) | WEIRD,
-    }))
+    header = draw(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "v": st.just(1) | st.just(1) | WEIRD,
+                "cmd": st.sampled_from(COMMANDS) | st.sampled_from(COMMANDS) | st.text(max_size=8) | WEIRD,
+                "seq": st.integers(-(2**63), 2**64 - 1) | WEIRD,
+                "rank": st.sampled_from(range(N_AGENTS))
+                | st.sampled_from([-1, N_AGENTS, 2**63 - 1, -(2**63)])
+                | st.integers(-(2**63), 2**64 - 1)
+                | WEIRD,
+                "n": st.none() | st.just(N_AGENTS) | st.integers(-2, 10) | WEIRD,
+                "topology": st.none() | st.just(digest) | st.text(max_size=16) | WEIRD,
+                "takeover": st.booleans() | WEIRD,
+                "round": st.integers(-(2**63), 2**64 - 1) | WEIRD,
+                "tensors": st.lists(SPEC.map(complete_spec), max_size=3) | WEIRD,
+                "messages": st.lists(
+                    st.fixed_dictionaries(
+                        {"rank": st.integers(-1, N_AGENTS)},
+                        optional={"tensors": st.lists(SPEC.map(complete_spec), max_size=2)},
+                    ),
+                    max_size=2,
+                )
+                | WEIRD,
+                "weights": st.lists(st.tuples(st.integers(-1, N_AGENTS), st.floats(0, 1)).map(list), max_size=2)
+                | WEIRD,
+            },
+        )
+    )
     header.update(draw(st.dictionaries(st.text(max_size=6), WEIRD, max_size=2)))
     if draw(st.booleans()):
         frames = frames_for(header.get("tensors"))
@@ -493,13 +583,22 @@ def wellformed(draw, digest):
     """Valid requests an unregistered socket might send: each must get not-registered, rank-taken,
     rank-range or topology-mismatch, and never reach the agents' mailboxes."""
     cmd = draw(st.sampled_from(wire.CLIENT_COMMANDS))
-    header = {"v": 1, "cmd": cmd, "seq": draw(st.integers(0, 2 ** 31))}
+    header = {"v": 1, "cmd": cmd, "seq": draw(st.integers(0, 2**31))}
     frames = []
     if cmd == "HELLO":
         header["rank"] = draw(st.integers(-1, N_AGENTS))
-        header.update(draw(st.fixed_dictionaries({}, optional={
-            "n": st.sampled_from([None, N_AGENTS, N_AGENTS + 1]), "topology": st.sampled_from([None, digest, "bad"]),
-            "takeover": st.just(False)})))
+        header.update(
+            draw(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "n": st.sampled_from([None, N_AGENTS, N_AGENTS + 1]),
+                        "topology": st.sampled_from([None, digest, "bad"]),
+                        "takeover": st.just(False),
+                    },
+                )
+            )
+        )
     elif cmd in ("PUBLISH", "COLLECT"):
         header["round"] = draw(st.integers(0, ROUNDS))
     if cmd == "PUBLISH":  # a perfect letter in the real agents' schema, claiming to be from a real rank
@@ -514,8 +613,13 @@ def near_valid_publish(draw):
     """A valid PUBLISH envelope around a random, partly valid tensor schema, with frames of the declared
     sizes (or not): this is what reaches the schema checks."""
     tensors = draw(st.lists(SPEC.map(complete_spec), min_size=1, max_size=3))
-    header = {"v": 1, "cmd": "PUBLISH", "seq": draw(st.integers(0, 2 ** 31)), "round": draw(st.integers(0, 9)),
-              "tensors": tensors}
+    header = {
+        "v": 1,
+        "cmd": "PUBLISH",
+        "seq": draw(st.integers(0, 2**31)),
+        "round": draw(st.integers(0, 9)),
+        "tensors": tensors,
+    }
     frames = frames_for(tensors)
     if frames and draw(st.booleans()):
         frames = draw(st.permutations(frames + draw(st.lists(st.binary(max_size=8), max_size=1))))
@@ -526,8 +630,14 @@ def hypothesis_inputs(digest):
     """N_HYPOTHESIS (header, payload) pairs from hypothesis: fixed by derandomize, never shrunk."""
     out = []
 
-    @settings(max_examples=N_HYPOTHESIS, derandomize=True, database=None, deadline=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=N_HYPOTHESIS,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.one_of(garbage(digest), garbage(digest), wellformed(digest), near_valid_publish()))
     def collect(example):
         out.append(example)
@@ -571,9 +681,13 @@ def random_frames(count, seed, digest):
     truncations of valid messages (so the msgpack parser sees near-misses, not just noise)."""
     rng = np.random.default_rng(seed)
     schema, buffers = wire.pack_tensors(letter(0, 0, np.zeros(X_LEN, np.float32)))
-    valid = [[head("HELLO", seq=1, rank=1, n=N_AGENTS, topology=digest)], [head("PING", seq=2)],
-             [head("COLLECT", seq=3, round=4)], [head("BYE", seq=4)],
-             [head("PUBLISH", seq=5, round=0, tensors=schema), *[bytes(memoryview(b)) for b in buffers]]]
+    valid = [
+        [head("HELLO", seq=1, rank=1, n=N_AGENTS, topology=digest)],
+        [head("PING", seq=2)],
+        [head("COLLECT", seq=3, round=4)],
+        [head("BYE", seq=4)],
+        [head("PUBLISH", seq=5, round=0, tensors=schema), *[bytes(memoryview(b)) for b in buffers]],
+    ]
     for _ in range(count):
         kind = rng.random()
         if kind < 0.33:
@@ -583,7 +697,7 @@ def random_frames(count, seed, digest):
                 for pos in rng.integers(0, len(f), int(rng.integers(1, 4))):
                     f[pos] ^= 1 << int(rng.integers(8))
             else:
-                del f[int(rng.integers(0, len(f))):]
+                del f[int(rng.integers(0, len(f))) :]
             frames = [bytes(f) for f in frames]
         else:
             lengths = rng.integers(0, 4096 if rng.random() < 0.05 else 64, int(rng.integers(1, 6)))
@@ -680,8 +794,14 @@ class Fuzzer(threading.Thread):
         self.replies += 1
         self.codes[reply.get("code")] += 1
         reason = reply.get("reason")
-        if (reply.cmd != wire.ERROR or reply.get("code") != code or reply.get("seq") != seq
-                or not isinstance(reason, str) or not reason.strip() or "\n" in reason):
+        if (
+            reply.cmd != wire.ERROR
+            or reply.get("code") != code
+            or reply.get("seq") != seq
+            or not isinstance(reason, str)
+            or not reason.strip()
+            or "\n" in reason
+        ):
             self.mismatches.append((code, seq, reply.header, frames))
         if reply.get("code") == "internal":
             self.internal.append(frames)
@@ -777,8 +897,10 @@ def test_fuzz_the_broker_while_real_agents_gossip():
     n_sockets = 5
     structured = hyp + list(mutants(hyp, N_MUTANTS, seed=11))
     fuzzers = [Fuzzer(broker, topo, structured[k::n_sockets], deadline, f"structured-{k}") for k in range(n_sockets)]
-    fuzzers += [Fuzzer(broker, topo, random_frames(N_RANDOM // 2, seed=100 + k, digest=digest), deadline, f"random-{k}")
-                for k in range(2)]
+    fuzzers += [
+        Fuzzer(broker, topo, random_frames(N_RANDOM // 2, seed=100 + k, digest=digest), deadline, f"random-{k}")
+        for k in range(2)
+    ]
     oversize = OversizeFuzzer(broker, N_OVERSIZE, deadline)
     try:
         for t in agents + fuzzers + [oversize]:
@@ -798,19 +920,24 @@ def test_fuzz_the_broker_while_real_agents_gossip():
         closed = close_broker(broker)
 
     # What was tried, and when.
-    inputs = {"hypothesis+mutants": sum(f.sent for f in fuzzers[:n_sockets]),
-              "random frames": sum(f.sent for f in fuzzers[n_sockets:]),
-              "oversize frames": oversize.sent, "oversize probes": oversize.probes}
+    inputs = {
+        "hypothesis+mutants": sum(f.sent for f in fuzzers[:n_sockets]),
+        "random frames": sum(f.sent for f in fuzzers[n_sockets:]),
+        "oversize frames": oversize.sent,
+        "oversize probes": oversize.probes,
+    }
     total_inputs = sum(inputs.values())
     replies = collections.Counter()
     for f in fuzzers:
         replies.update(f.codes)
     rounds_during_fuzz = sum(t_fuzz <= t <= fuzz_end for res in results.values() for t in res["round_times"])
     agents_done = max((res["round_times"] or [t_fuzz])[-1] for res in results.values()) - t_fuzz
-    print(f"\nfuzz: {total_inputs} inputs tried {inputs} (from {len(hyp)} hypothesis examples, "
-          f"generated in {t_generated - t_begin:.1f}s) in {fuzz_end - t_fuzz:.1f}s on {len(fuzzers) + 1} sockets; "
-          f"agents: {N_AGENTS} x {ROUNDS} rounds in {agents_done:.1f}s, {rounds_during_fuzz} of them while fuzzing; "
-          f"replies by code: {dict(sorted(replies.items(), key=str))}; broker errors: {stats['errors']}")
+    print(
+        f"\nfuzz: {total_inputs} inputs tried {inputs} (from {len(hyp)} hypothesis examples, "
+        f"generated in {t_generated - t_begin:.1f}s) in {fuzz_end - t_fuzz:.1f}s on {len(fuzzers) + 1} sockets; "
+        f"agents: {N_AGENTS} x {ROUNDS} rounds in {agents_done:.1f}s, {rounds_during_fuzz} of them while fuzzing; "
+        f"replies by code: {dict(sorted(replies.items(), key=str))}; broker errors: {stats['errors']}"
+    )
 
     # The broker is alive, answers stats, and closes.
     assert broker_alive and closed

@@ -3,6 +3,7 @@
 The poison goes through a real broker (a peer that skips its own finite check, as a foreign
 implementation or a stolen key would), and the honest side is the Gossip hook agents run.
 """
+
 import threading
 
 import numpy as np
@@ -66,8 +67,13 @@ def test_a_first_letter_of_poison_is_refused_before_any_history(poison):
     """The bound judges by our own parameters' norm until recent distances exist."""
     mine = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
     before = mine.copy()
-    result = mix({"p": mine}, {1: {"p": POISONS[poison](mine) * (1e3 if poison == "huge-but-finite" else 1)}},
-                 {0: 0.5, 1: 0.5}, 0, bound=DeviationBound())
+    result = mix(
+        {"p": mine},
+        {1: {"p": POISONS[poison](mine) * (1e3 if poison == "huge-but-finite" else 1)}},
+        {0: 0.5, 1: 0.5},
+        0,
+        bound=DeviationBound(),
+    )
     assert result.dropped == [1] and result.peers == 0
     np.testing.assert_array_equal(mine, before)
 
@@ -192,8 +198,9 @@ def test_a_training_agent_survives_a_peer_that_sends_poison_every_round(tmp_path
         thread = threading.Thread(target=poison, daemon=True)
         thread.start()
         hook = Gossip(GossipClient(broker.address, 1, timeout=10))
-        cfg = AgentConfig(total_frames=2400, log_every=5, checkpoint_every=1000, torch_threads=1,
-                          a2c=A2CConfig(num_envs=4))
+        cfg = AgentConfig(
+            total_frames=2400, log_every=5, checkpoint_every=1000, torch_threads=1, a2c=A2CConfig(num_envs=4)
+        )
         summary = train(cfg, tmp_path, rank=1, gossip=hook)
         stop.set()
         hook.close()
@@ -221,7 +228,8 @@ def test_the_measure_first_path_drops_poison_before_writing(poison, aggregate):
     x = np.random.default_rng(5).standard_normal(1000).astype(np.float32)
     own = torch.from_numpy(x.astype(np.float64))
     before = own.clone()
-    result = mix({"p": own}, {1: {"p": POISONS[poison](x)}}, {0: 0.5, 1: 0.5}, 0, aggregate=aggregate,
-                 bound=DeviationBound())
+    result = mix(
+        {"p": own}, {1: {"p": POISONS[poison](x)}}, {0: 0.5, 1: 0.5}, 0, aggregate=aggregate, bound=DeviationBound()
+    )
     assert result.dropped == [1] and result.peers == 0 and not result.refused
     assert torch.equal(own, before)

@@ -3,6 +3,7 @@
 Each test is one attack or one unlucky accident, and checks both that the broker refuses or
 survives it and that real agents keep gossiping afterwards.
 """
+
 import resource
 import socket
 import threading
@@ -14,8 +15,20 @@ import zmq
 
 import gossiprl.comms.broker as broker_module
 import topologies
-from brokers import (MIB, ask, assert_error, assert_pair_gossips, close_broker, dealer, head, leave, letter,
-                     new_broker, publish_frames, register)
+from brokers import (
+    MIB,
+    ask,
+    assert_error,
+    assert_pair_gossips,
+    close_broker,
+    dealer,
+    head,
+    leave,
+    letter,
+    new_broker,
+    publish_frames,
+    register,
+)
 from gossiprl import Broker, BrokerUnavailable, GossipClient, GossipError, keys, wire
 from helpers import free_port, in_thread, invoke
 
@@ -24,15 +37,20 @@ RING2 = topologies.make("ring", 2)
 
 # ---------------------------------------------------------------- A. the broker never stops serving
 
+
 @pytest.mark.timeout(20)
 def test_negative_round_is_refused_unstored_and_a_rewiring_after_it_does_not_kill_the_broker(ring2):
     """A1: round -1 was answered `internal` but stored; the next rewiring raised in the serving thread."""
     sock = dealer(ring2)
     register(sock)
     spec = {"name": "x", "dtype": "float32", "shape": [2], "nbytes": 8}
-    for bad in (-1, -2 ** 63, True, 2 ** 64 - 1):
-        assert_error(ask(sock, [head("PUBLISH", seq=3, round=bad, tensors=[spec]), b"\0" * 8]), "bad-message",
-                     seq=3, words=("round",))
+    for bad in (-1, -(2**63), True, 2**64 - 1):
+        assert_error(
+            ask(sock, [head("PUBLISH", seq=3, round=bad, tensors=[spec]), b"\0" * 8]),
+            "bad-message",
+            seq=3,
+            words=("round",),
+        )
     assert_error(ask(sock, [head("COLLECT", seq=4, round=-1)]), "bad-message", seq=4, words=("round",))
     assert ring2.stats()["agents"][0]["publishes"] == 0 and ring2.stats()["agents"][0]["parked"] == []
     ring2.declare_gone(0)  # a rewiring: it used to meet the stored round -1
@@ -124,6 +142,7 @@ def test_a_refused_connection_is_counted_and_logged(ring2, caplog):
 
 # ---------------------------------------------------------------- B. memory stays bounded
 
+
 @pytest.fixture
 def mib_broker():
     broker = new_broker(RING2, max_payload_bytes=MIB)
@@ -145,8 +164,9 @@ def test_a_message_whose_frames_add_up_past_the_limit_is_too_large(mib_broker):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("limit, why", [({"max_queued_bytes": MIB}, "bytes of letters unread"),
-                                        ({"max_queued_replies": 4}, "queued")])
+@pytest.mark.parametrize(
+    "limit, why", [({"max_queued_bytes": MIB}, "bytes of letters unread"), ({"max_queued_replies": 4}, "queued")]
+)
 def test_a_registered_peer_that_stops_reading_is_treated_as_gone(limit, why, caplog):
     """B5: a registered socket that sent COLLECTs and never read made the broker queue every DELIVER."""
     broker = new_broker(RING2, **limit)
@@ -194,6 +214,7 @@ def test_a_registered_peer_that_stops_reading_is_treated_as_gone(limit, why, cap
 
 # ---------------------------------------------------------------- C. clients never hang
 
+
 def _exchanger(client, stop, done_at):
     x = np.zeros(4, np.float32)
     while not stop.is_set():
@@ -237,8 +258,10 @@ def test_gossip_resumes_within_two_heartbeats_of_a_fast_broker_restart():
             t.join(5)
         for c in clients:
             c.close()
-    print(f"restart-to-resume (both agents exchanged again): {[f'{s * 1000:.0f} ms' for s in resumed_after]}"
-          f" with heartbeat {heartbeat * 1000:.0f} ms")
+    print(
+        f"restart-to-resume (both agents exchanged again): {[f'{s * 1000:.0f} ms' for s in resumed_after]}"
+        f" with heartbeat {heartbeat * 1000:.0f} ms"
+    )
     assert max(resumed_after) < 2 * heartbeat + 0.3, resumed_after
 
 
@@ -269,6 +292,7 @@ def test_a_letter_over_the_broker_s_limit_fails_at_once_instead_of_blocking_fore
 
 # ---------------------------------------------------------------- D10. the schema belongs to the agents
 
+
 @pytest.mark.timeout(20)
 def test_a_stray_publisher_that_leaves_does_not_fix_the_schema(ring2):
     """D10: one 1-float PUBLISH then BYE made every later agent fail with schema-mismatch."""
@@ -294,6 +318,7 @@ def test_a_mismatching_agent_is_told_both_schemas_and_its_neighbour_is_untouched
 
 # ---------------------------------------------------------------- E11. a HELLO costs O(1) in n
 
+
 @pytest.mark.timeout(30)
 def test_a_large_swarm_registers_with_a_small_welcome():
     """E11: WELCOME carried the n x n matrix: at n = 342 it passed the 1 MiB header limit."""
@@ -314,6 +339,7 @@ def test_a_large_swarm_registers_with_a_small_welcome():
 
 # ---------------------------------------------------------------- D9. with CURVE, keys are bound to ranks
 
+
 @pytest.fixture
 def bound_keys(tmp_path):
     """agent-0 may hold rank 0 only; agent-1 ranks 1-2; spare has no ranks line (any rank, as before)."""
@@ -332,8 +358,9 @@ def _curve(root, name):
 @pytest.mark.timeout(20)
 def test_a_key_holds_only_its_ranks_and_only_its_holder_takes_a_rank_over(bound_keys):
     """D9: any allowed key could take over a live rank, or re-register a dead one."""
-    broker = Broker(topologies.make("ring", 3), curve=(bound_keys / "broker/broker.key_secret",
-                                                        bound_keys / "agents")).start()
+    broker = Broker(
+        topologies.make("ring", 3), curve=(bound_keys / "broker/broker.key_secret", bound_keys / "agents")
+    ).start()
     try:
         with pytest.raises(GossipError, match=r"ranks 1-2, not rank 0") as err:
             GossipClient(broker.address, 0, curve=_curve(bound_keys, "agent-1"))

@@ -10,6 +10,7 @@ when the README's script changes under it. The rest runs as written: the broker 
 It needs root (slurmd runs jobs as their user); without it, or without the binaries, it skips
 saying so.
 """
+
 import csv
 import os
 import re
@@ -38,8 +39,13 @@ def _env(**extra) -> dict:
 
 
 def _cli(*args):
-    return subprocess.Popen([sys.executable, "-m", "gossiprl.cli", *args], env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", *args],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _slurm_unavailable() -> str | None:
@@ -113,8 +119,15 @@ def slurm(tmp_path):
     marker = f"SLURM_CONF={conf}"
     env = _env(SLURM_CONF=str(conf))
     # --force: munged refuses root and a socket under world-writable /tmp without it.
-    munged = [f"--socket={root}/munge.sock", f"--key-file={key}", f"--pid-file={root}/munged.pid",
-              f"--log-file={root}/munged.log", f"--seed-file={root}/munge.seed", "--force", "--foreground"]
+    munged = [
+        f"--socket={root}/munge.sock",
+        f"--key-file={key}",
+        f"--pid-file={root}/munged.pid",
+        f"--log-file={root}/munged.log",
+        f"--seed-file={root}/munge.seed",
+        "--force",
+        "--foreground",
+    ]
     daemons = []
 
     def start(*command):
@@ -138,8 +151,14 @@ def slurm(tmp_path):
         wait_for((root / "munge.sock").exists, "munge socket", 10)
         start("slurmctld", "-D", "-i")
         start("slurmd", "-D", "-N", "localhost")
-        wait_for(lambda: subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True,
-                                        text=True).stdout.strip() == "idle", "idle node", 30)
+        wait_for(
+            lambda: (
+                subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True).stdout.strip()
+                == "idle"
+            ),
+            "idle node",
+            30,
+        )
         yield env, logs
     finally:
         # Jobs first: `scontrol shutdown` stops the daemons but leaves running steps behind.
@@ -194,8 +213,11 @@ def test_readme_slurm_script_runs_on_a_real_slurm(slurm, tmp_path):
     env, logs = slurm
     home = tmp_path / "home"
     for name in ("broker", "agents"):
-        made = subprocess.run([sys.executable, "-m", "gossiprl.cli", "keys", "generate",
-                               str(home / ".gossiprl" / name), "--name", name], capture_output=True, text=True)
+        made = subprocess.run(
+            [sys.executable, "-m", "gossiprl.cli", "keys", "generate", str(home / ".gossiprl" / name), "--name", name],
+            capture_output=True,
+            text=True,
+        )
         assert made.returncode == 0, made.stdout + made.stderr
     port = str(free_port())
     script = readme_slurm_script()
@@ -207,9 +229,24 @@ def test_readme_slurm_script_runs_on_a_real_slurm(slurm, tmp_path):
     output = tmp_path / "job.out"
     started = time.monotonic()
     # Submitted and polled rather than `sbatch --wait`, which looks at 2, 10 and 42 s.
-    submitted = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
-                                "--gres=none", f"--chdir={tmp_path}", f"--output={output}", "--export=ALL", "job.sh"],
-                               cwd=tmp_path, env={**env, "HOME": str(home)}, capture_output=True, text=True)
+    submitted = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=1",
+            "--ntasks-per-node=2",
+            "--cpus-per-task=1",
+            "--gres=none",
+            f"--chdir={tmp_path}",
+            f"--output={output}",
+            "--export=ALL",
+            "job.sh",
+        ],
+        cwd=tmp_path,
+        env={**env, "HOME": str(home)},
+        capture_output=True,
+        text=True,
+    )
     assert submitted.returncode == 0, f"sbatch: {submitted.stdout}{submitted.stderr}\n{logs()}"
     job_id = submitted.stdout.strip().split(";")[0]
     while subprocess.run(["squeue", "-h", "-j", job_id], env=env, capture_output=True, text=True).stdout.strip():
@@ -231,15 +268,35 @@ def test_torchrun_starts_the_agents(tmp_path):
     if torchrun is None:
         pytest.skip("torchrun not found (it comes with torch)")
     port = free_port()
-    broker = _cli("broker", "--bind", f"tcp://127.0.0.1:{port}", "--agents", "2", "--topology", "ring",
-                  "--stats-every", "0")
+    broker = _cli(
+        "broker", "--bind", f"tcp://127.0.0.1:{port}", "--agents", "2", "--topology", "ring", "--stats-every", "0"
+    )
     try:
         started = time.monotonic()
         # SLURM_PROCID as an outer `srun torchrun` leaves it: one value for all the node's processes.
-        agents = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "gossiprl.cli", "agent",
-                                 "--connect", f"tcp://127.0.0.1:{port}", "--env", "CartPole-v1",
-                                 "--total-frames", str(FRAMES), "--run-dir", str(tmp_path / "run")],
-                                env=_env(SLURM_PROCID="0"), capture_output=True, text=True, timeout=100)
+        agents = subprocess.run(
+            [
+                torchrun,
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "-m",
+                "gossiprl.cli",
+                "agent",
+                "--connect",
+                f"tcp://127.0.0.1:{port}",
+                "--env",
+                "CartPole-v1",
+                "--total-frames",
+                str(FRAMES),
+                "--run-dir",
+                str(tmp_path / "run"),
+            ],
+            env=_env(SLURM_PROCID="0"),
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
         took = time.monotonic() - started
     finally:
         broker.send_signal(signal.SIGTERM)
@@ -251,12 +308,15 @@ def test_torchrun_starts_the_agents(tmp_path):
     print(f"torchrun: {took:.1f}s")
 
 
-@pytest.mark.parametrize("variables, rank, per_host", [
-    ({}, None, 1),
-    ({"SLURM_PROCID": "5", "SLURM_NTASKS_PER_NODE": "4"}, 5, 4),
-    ({"SLURM_PROCID": "1", "RANK": "6", "LOCAL_WORLD_SIZE": "3", "SLURM_NTASKS_PER_NODE": "1"}, 6, 3),
-    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}, 2, 8),
-])
+@pytest.mark.parametrize(
+    "variables, rank, per_host",
+    [
+        ({}, None, 1),
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS_PER_NODE": "4"}, 5, 4),
+        ({"SLURM_PROCID": "1", "RANK": "6", "LOCAL_WORLD_SIZE": "3", "SLURM_NTASKS_PER_NODE": "1"}, 6, 3),
+        ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}, 2, 8),
+    ],
+)
 def test_rank_and_agents_per_host_from_the_launcher(monkeypatch, variables, rank, per_host):
     for name in (*launch.RANK_VARIABLES, *launch.LOCAL_SIZE_VARIABLES):
         monkeypatch.delenv(name, raising=False)
@@ -277,13 +337,25 @@ def test_broker_stops_cleanly_on_sigterm(tmp_path):
     join() cut short by a signal leaves is_alive() False while the thread still runs, and the
     broker closed its sockets under its own serving thread ("the serving thread died")."""
     keys = tmp_path / "keys"
-    subprocess.run([sys.executable, "-m", "gossiprl.cli", "keys", "generate", str(keys), "--name", "broker",
-                    "--name", "agents"], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "gossiprl.cli", "keys", "generate", str(keys), "--name", "broker", "--name", "agents"],
+        check=True,
+        capture_output=True,
+    )
     allowed = tmp_path / "allowed"
     allowed.mkdir()
     shutil.copy(keys / "agents.key", allowed)
-    broker = _cli("broker", "--bind", "tcp://0.0.0.0:0", "--agents", "2",
-                  "--curve-secret", str(keys / "broker.key_secret"), "--curve-allow", str(allowed))
+    broker = _cli(
+        "broker",
+        "--bind",
+        "tcp://0.0.0.0:0",
+        "--agents",
+        "2",
+        "--curve-secret",
+        str(keys / "broker.key_secret"),
+        "--curve-allow",
+        str(allowed),
+    )
     assert broker.stdout.readline().startswith("gossiprl broker on")
     time.sleep(1)
     broker.send_signal(signal.SIGTERM)

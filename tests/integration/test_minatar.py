@@ -1,6 +1,7 @@
 """MinAtar, the CPU-scale Atari stand-in: its ids build a vector env, get the MinAtar paper's
 network, and a gossiping pair trains on it through the real launcher and is evaluated, consensus
 policy included. Skipped, with the install line, where the optional extra is missing."""
+
 import json
 
 import pytest
@@ -8,9 +9,9 @@ import torch
 
 pytest.importorskip("minatar", reason="MinAtar is the optional extra: pip install 'gossiprl[minatar]'")
 
+from gossiprl.launch import SwarmConfig, run  # noqa: E402
 from gossiprl.rl.agent import AgentConfig  # noqa: E402
 from gossiprl.rl.envs import env_spec, make_env  # noqa: E402
-from gossiprl.launch import SwarmConfig, run  # noqa: E402
 from gossiprl.rl.models import MinAtarActorCritic, make_model  # noqa: E402
 from helpers import invoke  # noqa: E402
 
@@ -39,8 +40,9 @@ def test_minatar_has_no_threshold_and_a_bad_id_says_what_is_valid():
 @pytest.mark.timeout(180)
 def test_a_minatar_ring_trains_a_few_updates_and_its_consensus_is_evaluated(tmp_path):
     cfg = AgentConfig(env_id="MinAtar/Breakout-v1", seed=3, log_every=2)
-    summary = run(SwarmConfig(agents=2, topology="ring", total_frames=2 * 6 * 80), cfg, tmp_path / "run",
-                  show_progress=False)
+    summary = run(
+        SwarmConfig(agents=2, topology="ring", total_frames=2 * 6 * 80), cfg, tmp_path / "run", show_progress=False
+    )
     assert summary["failed"] == {}
     assert [summary["per_agent"][r]["updates"] for r in (0, 1)] == [6, 6]
     assert summary["gossip_share"] > 0

@@ -1,4 +1,5 @@
 """Watching a real broker: its stats server (Prometheus /metrics, JSON /stats) and `gossiprl top --once`."""
+
 import json
 import os
 import re
@@ -24,9 +25,24 @@ def swarm():
     """`gossiprl broker --metrics-port` in its own process, with two agents gossiping through it until the test ends."""
     port, metrics = free_port(), free_port()
     broker = subprocess.Popen(
-        [sys.executable, "-c", "from gossiprl.cli import main; main()", "broker", "--bind", f"tcp://127.0.0.1:{port}",
-         "--agents", "2", "--stats-every", "0", "--metrics-port", str(metrics)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-c",
+            "from gossiprl.cli import main; main()",
+            "broker",
+            "--bind",
+            f"tcp://127.0.0.1:{port}",
+            "--agents",
+            "2",
+            "--stats-every",
+            "0",
+            "--metrics-port",
+            str(metrics),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     stop, errors = threading.Event(), []
 
     def agent(rank):
@@ -76,8 +92,11 @@ def test_prometheus_endpoint_serves_each_agents_counters_on_loopback(swarm):
         time.sleep(0.2)
     status, kind, body = get(f"http://{address}/metrics")
     assert status == 200 and kind.startswith("text/plain")
-    samples = {(s.name, s.labels.get("rank")): s.value
-               for family in text_string_to_metric_families(body) for s in family.samples}
+    samples = {
+        (s.name, s.labels.get("rank")): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
     for rank in ("0", "1"):
         assert samples[("gossiprl_agent_round", rank)] > 3
         assert samples[("gossiprl_agent_bytes_in", rank)] >= 4000 * samples[("gossiprl_agent_round", rank)] - 4000
@@ -98,30 +117,63 @@ def test_stats_are_snapshotted_at_most_twice_a_second_however_often_asked(swarm)
 
 def test_top_once_shows_every_agent_with_its_round_rate(swarm):
     address, _ = swarm
-    out = subprocess.run([sys.executable, "-c", "from gossiprl.cli import main; main()", "top", address,
-                          "--once", "--interval", "1"], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "COLUMNS": "160"})
+    out = subprocess.run(
+        [sys.executable, "-c", "from gossiprl.cli import main; main()", "top", address, "--once", "--interval", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "160"},
+    )
     assert out.returncode == 0, out.stderr
     assert "2 agents, sync mode" in out.stdout
-    rows = {int(m.group(1)): float(m.group(2)) for m in re.finditer(
-        r"^\S*\s*(\d)\s+\S*\s*(?:registered|parked)\s+\S*\s*0\s+\S*\s*\d+\s+\S*\s*([\d.]+)", out.stdout, re.M)}
+    rows = {
+        int(m.group(1)): float(m.group(2))
+        for m in re.finditer(
+            r"^\S*\s*(\d)\s+\S*\s*(?:registered|parked)\s+\S*\s*0\s+\S*\s*\d+\s+\S*\s*([\d.]+)", out.stdout, re.M
+        )
+    }
     assert set(rows) == {0, 1} and all(rate > 0 for rate in rows.values()), out.stdout
 
 
 def test_top_without_a_stats_server_is_one_line():
-    out = subprocess.run([sys.executable, "-c", "from gossiprl.cli import main; main()", "top",
-                          f"127.0.0.1:{free_port()}", "--once"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "from gossiprl.cli import main; main()", "top", f"127.0.0.1:{free_port()}", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1 and "start the broker with --metrics-port" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 
 
 def test_a_local_swarm_serves_its_brokers_stats_while_it_trains(tmp_path):
     port = free_port()
-    run = subprocess.Popen([sys.executable, "-c", "from gossiprl.cli import main; main()", "run", "--agents", "2",
-                            "--total-frames", "400000", "--torch-threads", "1", "--no-progress", "--max-seconds", "60",
-                            "--stop-at-return", "none", "--run-dir", str(tmp_path / "run"),
-                            "--metrics-port", str(port)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from gossiprl.cli import main; main()",
+            "run",
+            "--agents",
+            "2",
+            "--total-frames",
+            "400000",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--max-seconds",
+            "60",
+            "--stop-at-return",
+            "none",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--metrics-port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         banner = run.stdout.readline() + run.stdout.readline()
         assert f"broker stats on http://127.0.0.1:{port}/metrics" in banner, banner

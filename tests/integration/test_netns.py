@@ -6,6 +6,7 @@ each link shaped to 1 Gbit/s with tc, as the PALA paper's cluster. The broker bi
 non-loopback address, so it runs with CURVE keys. Mid-run, rank 2's process is killed -9 and
 restarted with --resume; every agent must finish its budget.
 """
+
 import json
 import shutil
 import signal
@@ -34,31 +35,71 @@ def hosts():
 
 
 def _in(ns, *args, **kw):
-    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "gossiprl.cli", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-m", "gossiprl.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 @pytest.mark.timeout(240)
 def test_cartpole_swarm_across_three_hosts_survives_a_killed_agent(hosts, tmp_path):
     keys = tmp_path / "keys"
-    made = subprocess.run([sys.executable, "-m", "gossiprl.cli", "keys", "generate", str(keys),
-                           "--name", "broker", "--name", "agent"], capture_output=True, text=True)
+    made = subprocess.run(
+        [sys.executable, "-m", "gossiprl.cli", "keys", "generate", str(keys), "--name", "broker", "--name", "agent"],
+        capture_output=True,
+        text=True,
+    )
     assert made.returncode == 0, made.stdout + made.stderr
     allowed = tmp_path / "allowed"
     allowed.mkdir()
     shutil.copy(keys / "agent.key", allowed / "agent.key")
-    broker = _in(hosts["broker"], "broker", "--bind", f"tcp://0.0.0.0:{PORT}", "--agents", "3",
-                 "--peer-timeout", "3", "--stats-every", "1", "--stats-json",
-                 "--curve-secret", str(keys / "broker.key_secret"), "--curve-allow", str(allowed))
+    broker = _in(
+        hosts["broker"],
+        "broker",
+        "--bind",
+        f"tcp://0.0.0.0:{PORT}",
+        "--agents",
+        "3",
+        "--peer-timeout",
+        "3",
+        "--stats-every",
+        "1",
+        "--stats-json",
+        "--curve-secret",
+        str(keys / "broker.key_secret"),
+        "--curve-allow",
+        str(allowed),
+    )
     host_of = {0: "a", 1: "a", 2: "b"}
 
     def agent(rank, resume=False):
         host = host_of[rank]
-        return _in(hosts[host], "agent", "--connect", f"tcp://{LINKS[host][0]}:{PORT}", "--rank", str(rank),
-                   "--total-frames", "60000", "--run-dir", str(tmp_path / "run"), "--log-every", "20",
-                   "--checkpoint-every", "50", "--torch-threads", "1",
-                   "--curve-secret", str(keys / "agent.key_secret"), "--curve-broker", str(keys / "broker.key"),
-                   *(["--resume"] if resume else []))
+        return _in(
+            hosts[host],
+            "agent",
+            "--connect",
+            f"tcp://{LINKS[host][0]}:{PORT}",
+            "--rank",
+            str(rank),
+            "--total-frames",
+            "60000",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--log-every",
+            "20",
+            "--checkpoint-every",
+            "50",
+            "--torch-threads",
+            "1",
+            "--curve-secret",
+            str(keys / "agent.key_secret"),
+            "--curve-broker",
+            str(keys / "broker.key"),
+            *(["--resume"] if resume else []),
+        )
 
     started = time.monotonic()
     try:
@@ -85,5 +126,8 @@ def test_cartpole_swarm_across_three_hosts_survives_a_killed_agent(hosts, tmp_pa
     stats = [json.loads(line) for line in broker_out.splitlines() if line.startswith("{")]
     assert stats, broker_out[-3000:]
     assert stats[-1]["agents"]["2"]["registrations"] >= 2, "the restarted agent never rejoined"
-    print(f"netns run: {time.monotonic() - started:.1f}s in all, rank 2 restarted "
-          f"{time.monotonic() - killed_at:.1f}s before the end; broker errors {stats[-1]['errors']}, events {stats[-1]['events']}")
+    print(
+        f"netns run: {time.monotonic() - started:.1f}s in all, rank 2 restarted "
+        f"{time.monotonic() - killed_at:.1f}s before the end; "
+        f"broker errors {stats[-1]['errors']}, events {stats[-1]['events']}"
+    )

@@ -1,4 +1,5 @@
 """What a new user meets: errors that say what is valid, exit codes, cleanup, and lines without nan."""
+
 import json
 import os
 import re
@@ -11,11 +12,10 @@ import numpy as np
 import pytest
 
 import topologies
-from helpers import child_pids, invoke, is_running
 from gossiprl.comms import keys
 from gossiprl.comms.broker import Broker
 from gossiprl.comms.client import GossipClient
-
+from helpers import child_pids, invoke, is_running
 
 
 @pytest.mark.timeout(120)
@@ -30,8 +30,7 @@ def test_a_run_that_finished_no_episode_prints_no_nan(tmp_path):
 @pytest.mark.timeout(120)
 def test_an_agent_that_finished_no_episode_prints_no_nan(tmp_path):
     with Broker(topologies.make("ring", 2), mode="async").start() as broker:
-        result = invoke("agent", "--connect", broker.address, "--rank", 0, "--total-frames", 80,
-                        "--run-dir", tmp_path)
+        result = invoke("agent", "--connect", broker.address, "--rank", 0, "--total-frames", 80, "--run-dir", tmp_path)
     assert result.exit_code == 0, result.output
     assert "stops at mean return 475 (its own last 100 episodes)" in result.output  # auto: CartPole's threshold
     assert "agent-0 done: 80 frames" in result.output and "mean return n/a" in result.output
@@ -42,20 +41,29 @@ def test_an_agent_that_finished_no_episode_prints_no_nan(tmp_path):
     assert json.loads((tmp_path / "agent-0" / "config.json").read_text())["agents_per_host"] == 2
 
 
-@pytest.mark.parametrize("endpoint, example", [
-    ("5559", "tcp://127.0.0.1:5559"), ("localhost:5559", "tcp://localhost:5559"),
-    ("tcp://127.0.0.1", "tcp://127.0.0.1:5555"), ("tcp://127.0.0.1:70000", "tcp://127.0.0.1:5555"),
-    ("udp://10.0.0.1:5555", "tcp://10.0.0.1:5555"), ("ipc://", "tcp://127.0.0.1:5555"),
-])
+@pytest.mark.parametrize(
+    "endpoint, example",
+    [
+        ("5559", "tcp://127.0.0.1:5559"),
+        ("localhost:5559", "tcp://localhost:5559"),
+        ("tcp://127.0.0.1", "tcp://127.0.0.1:5555"),
+        ("tcp://127.0.0.1:70000", "tcp://127.0.0.1:5555"),
+        ("udp://10.0.0.1:5555", "tcp://10.0.0.1:5555"),
+        ("ipc://", "tcp://127.0.0.1:5555"),
+    ],
+)
 def test_a_malformed_endpoint_is_named_with_what_is_valid(endpoint, example):
     with pytest.raises(ValueError) as err:
         keys.check_endpoint(endpoint)
-    assert str(err.value) == (f"{endpoint} is not a ZeroMQ endpoint: give tcp://HOST:PORT or ipc://PATH, "
-                              f"e.g. {example}")
+    assert str(err.value) == (
+        f"{endpoint} is not a ZeroMQ endpoint: give tcp://HOST:PORT or ipc://PATH, e.g. {example}"
+    )
 
 
-@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5555", "tcp://*:0", "tcp://[::1]:5555", "tcp://eth0:*",
-                                      "ipc:///tmp/broker", "inproc://broker"])
+@pytest.mark.parametrize(
+    "endpoint",
+    ["tcp://127.0.0.1:5555", "tcp://*:0", "tcp://[::1]:5555", "tcp://eth0:*", "ipc:///tmp/broker", "inproc://broker"],
+)
 def test_valid_endpoints_pass(endpoint):
     assert keys.check_endpoint(endpoint) == endpoint
 
@@ -63,8 +71,9 @@ def test_valid_endpoints_pass(endpoint):
 def test_broker_bind_that_is_no_endpoint_is_not_called_a_non_loopback_address():
     result = invoke("broker", "--bind", "5559", "--agents", 2)
     assert result.exit_code == 2
-    assert "5559 is not a ZeroMQ endpoint: give tcp://HOST:PORT or ipc://PATH, e.g. tcp://127.0.0.1:5559" \
-        in result.output
+    assert (
+        "5559 is not a ZeroMQ endpoint: give tcp://HOST:PORT or ipc://PATH, e.g. tcp://127.0.0.1:5559" in result.output
+    )
     assert "loopback" not in result.output
     with pytest.raises(ValueError, match="not a ZeroMQ endpoint"):
         Broker(topologies.make("ring", 2), bind="5559")
@@ -99,9 +108,26 @@ def test_an_interrupted_agent_checkpoints_and_exits_128_plus_the_signal(tmp_path
     """Ctrl-C used to end `gossiprl agent` with 0, as if it had finished its budget."""
     with Broker(topologies.make("ring", 2), mode="async").start() as broker:  # async: rank 1 is not waited for
         agent = subprocess.Popen(
-            [sys.executable, "-m", "gossiprl.cli", "agent", "--connect", broker.address, "--rank", "0",
-             "--total-frames", "100000000", "--stop-at-return", "none", "--run-dir", str(tmp_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "gossiprl.cli",
+                "agent",
+                "--connect",
+                broker.address,
+                "--rank",
+                "0",
+                "--total-frames",
+                "100000000",
+                "--stop-at-return",
+                "none",
+                "--run-dir",
+                str(tmp_path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.monotonic() + 60
         while not (tmp_path / "agent-0" / "metrics.csv").exists():
             assert time.monotonic() < deadline and agent.poll() is None, "the agent never started training"
@@ -117,8 +143,21 @@ def test_an_interrupted_agent_checkpoints_and_exits_128_plus_the_signal(tmp_path
 def test_an_agent_stops_once_its_own_last_100_episodes_reach_stop_at_return(tmp_path):
     """Any CartPole episode returns 8 or more, so a target of 5 is met once 100 episodes ended."""
     with Broker(topologies.make("ring", 2), mode="async").start() as broker:
-        result = invoke("agent", "--connect", broker.address, "--rank", 0, "--total-frames", 10_000_000,
-                        "--stop-at-return", 5, "--agents-per-host", 1, "--run-dir", tmp_path)
+        result = invoke(
+            "agent",
+            "--connect",
+            broker.address,
+            "--rank",
+            0,
+            "--total-frames",
+            10_000_000,
+            "--stop-at-return",
+            5,
+            "--agents-per-host",
+            1,
+            "--run-dir",
+            tmp_path,
+        )
     assert result.exit_code == 0, result.output
     assert "may share this host" not in result.output  # told, so not guessed
     assert json.loads((tmp_path / "agent-0" / "config.json").read_text())["agents_per_host"] == 1
@@ -155,8 +194,23 @@ def test_swarm_done_once_every_rank_registered_and_said_bye():
 @pytest.mark.timeout(60)
 def test_broker_prints_a_short_stats_line_and_exits_when_its_swarm_is_done():
     broker = subprocess.Popen(
-        [sys.executable, "-m", "gossiprl.cli", "broker", "--bind", "tcp://127.0.0.1:0", "--agents", "2",
-         "--stats-every", "0.5", "--exit-when-done"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "gossiprl.cli",
+            "broker",
+            "--bind",
+            "tcp://127.0.0.1:0",
+            "--agents",
+            "2",
+            "--stats-every",
+            "0.5",
+            "--exit-when-done",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         address = broker.stdout.readline().split()[3].rstrip(":")
         clients = [GossipClient(address, r, timeout=10) for r in (0, 1)]
@@ -187,10 +241,28 @@ def test_a_killed_launcher_leaves_no_private_dir_and_no_leaked_semaphore(tmp_pat
     tmpdir.mkdir()
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "gossiprl.cli", "run", "--agents", "2", "--total-frames", "100000000",
-         "--transport", transport, "--run-dir", str(run_dir), "--no-progress", "--stop-at-return", "none"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "TMPDIR": str(tmpdir)})
+        [
+            sys.executable,
+            "-m",
+            "gossiprl.cli",
+            "run",
+            "--agents",
+            "2",
+            "--total-frames",
+            "100000000",
+            "--transport",
+            transport,
+            "--run-dir",
+            str(run_dir),
+            "--no-progress",
+            "--stop-at-return",
+            "none",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
+    )
     deadline = time.monotonic() + 90
     while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)):
         assert time.monotonic() < deadline and launcher.poll() is None, "agents never started training"

@@ -1,4 +1,5 @@
 """load_policy and video on real checkpoints written by a short training run."""
+
 import subprocess
 import sys
 from dataclasses import replace
@@ -102,10 +103,16 @@ def test_atari_video_replays_the_training_preprocessing(tmp_path):
     model = make_model(envs.observation_space, envs.action_space)
     envs.close()
     (tmp_path / "run" / "agent-0").mkdir(parents=True)
-    save_checkpoint(tmp_path / "run" / "agent-0" / "checkpoint.pt", {
-        "model": model.state_dict(), "optimizer": {}, "recent_returns": [],
-        "counters": {"updates": 0, "frames": 0, "episodes": 0, "wall_s": 0.0},
-        "config": asdict(AgentConfig(env_id="ALE/Pong-v5"))})
+    save_checkpoint(
+        tmp_path / "run" / "agent-0" / "checkpoint.pt",
+        {
+            "model": model.state_dict(),
+            "optimizer": {},
+            "recent_returns": [],
+            "counters": {"updates": 0, "frames": 0, "episodes": 0, "wall_s": 0.0},
+            "config": asdict(AgentConfig(env_id="ALE/Pong-v5")),
+        },
+    )
     policy = load_policy(tmp_path / "run")
     env = render_env(policy)
     replayed, _ = env.reset(seed=0)

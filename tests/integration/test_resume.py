@@ -1,10 +1,10 @@
 """A run resumed through the CLI: config.json is its settings, and the summary covers every session."""
+
 import json
 
 import pytest
 
 from helpers import invoke
-
 
 
 @pytest.mark.timeout(180)

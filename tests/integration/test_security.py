@@ -1,6 +1,7 @@
 """CurveZMQ on a real broker: the right key gets in, no key or an unknown key never reaches the
 broker's logic; a public bind needs keys or --insecure; nothing received is unpickled, evaluated
 or imported anywhere in the package."""
+
 import ast
 import logging
 import shutil
@@ -38,8 +39,11 @@ def agent_curve(keyring, name="agent-0", broker_key="broker/broker.key"):
 
 @pytest.fixture
 def secure_ring2(keyring):
-    broker = Broker(topologies.make("ring", 2), "tcp://127.0.0.1:0",
-                    curve=(keyring / "broker" / "broker.key_secret", keyring / "agents")).start()
+    broker = Broker(
+        topologies.make("ring", 2),
+        "tcp://127.0.0.1:0",
+        curve=(keyring / "broker" / "broker.key_secret", keyring / "agents"),
+    ).start()
     yield broker
     broker.close()
 
@@ -72,14 +76,21 @@ def test_agents_with_allowed_keys_publish_and_collect(keyring):
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("who, words", [
-    ("no keys", "may require CURVE keys|requires CURVE keys"),
-    ("key not allowed", "not in the broker's --curve-allow directory"),
-    ("wrong broker key", "is --curve-broker the public key of this broker"),
-], ids=["no-keys", "key-not-allowed", "wrong-broker-key"])
+@pytest.mark.parametrize(
+    "who, words",
+    [
+        ("no keys", "may require CURVE keys|requires CURVE keys"),
+        ("key not allowed", "not in the broker's --curve-allow directory"),
+        ("wrong broker key", "is --curve-broker the public key of this broker"),
+    ],
+    ids=["no-keys", "key-not-allowed", "wrong-broker-key"],
+)
 def test_refused_agent_never_reaches_the_broker_and_the_swarm_goes_on(secure_ring2, keyring, who, words):
-    curve = {"no keys": None, "key not allowed": agent_curve(keyring, "intruder"),
-             "wrong broker key": agent_curve(keyring, "agent-1", broker_key="outsiders/intruder.key")}[who]
+    curve = {
+        "no keys": None,
+        "key not allowed": agent_curve(keyring, "intruder"),
+        "wrong broker key": agent_curve(keyring, "agent-1", broker_key="outsiders/intruder.key"),
+    }[who]
     good0 = GossipClient(secure_ring2.address, 0, curve=agent_curve(keyring, "agent-0"))
     t0 = time.monotonic()
     with pytest.raises(BrokerUnavailable, match=words):
@@ -93,8 +104,13 @@ def test_refused_agent_never_reaches_the_broker_and_the_swarm_goes_on(secure_rin
     for option, value in (keys.client_options(*curve) if curve else {}).items():
         raw.setsockopt(option, value)
     raw.connect(secure_ring2.address)
-    raw.send_multipart(wire.encode(wire.PUBLISH, {"seq": 1, "round": 0, "tensors": [
-        {"name": "x", "dtype": "float32", "shape": [3], "nbytes": 12}]}, [np.zeros(3, np.float32)]))
+    raw.send_multipart(
+        wire.encode(
+            wire.PUBLISH,
+            {"seq": 1, "round": 0, "tensors": [{"name": "x", "dtype": "float32", "shape": [3], "nbytes": 12}]},
+            [np.zeros(3, np.float32)],
+        )
+    )
     raw.send_multipart(wire.encode(wire.COLLECT, {"seq": 2, "round": 0}))
     assert not raw.poll(500), "a refused peer must hear nothing"
     raw.close()
@@ -129,13 +145,26 @@ def test_insecure_public_bind_starts_with_a_warning(caplog):
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("endpoint, loopback", [
-    ("tcp://127.0.0.1:5555", True), ("tcp://127.3.2.1:0", True), ("tcp://localhost:5555", True),
-    ("tcp://[::1]:5555", True), ("tcp://[::ffff:127.0.0.1]:5555", True), ("ipc:///tmp/broker", True),
-    ("inproc://broker", True), ("tcp://0.0.0.0:5555", False), ("tcp://*:5555", False),
-    ("tcp://10.0.0.5:5555", False), ("tcp://[::]:5555", False), ("tcp://eth0:5555", False),
-    ("tcp://node001:5555", False), ("ws://127.0.0.1:5555", False), ("127.0.0.1:5555", False),
-])
+@pytest.mark.parametrize(
+    "endpoint, loopback",
+    [
+        ("tcp://127.0.0.1:5555", True),
+        ("tcp://127.3.2.1:0", True),
+        ("tcp://localhost:5555", True),
+        ("tcp://[::1]:5555", True),
+        ("tcp://[::ffff:127.0.0.1]:5555", True),
+        ("ipc:///tmp/broker", True),
+        ("inproc://broker", True),
+        ("tcp://0.0.0.0:5555", False),
+        ("tcp://*:5555", False),
+        ("tcp://10.0.0.5:5555", False),
+        ("tcp://[::]:5555", False),
+        ("tcp://eth0:5555", False),
+        ("tcp://node001:5555", False),
+        ("ws://127.0.0.1:5555", False),
+        ("127.0.0.1:5555", False),
+    ],
+)
 def test_only_loopback_endpoints_count_as_loopback(endpoint, loopback):
     assert keys.is_loopback(endpoint) is loopback
 
@@ -151,8 +180,12 @@ def test_keys_generate_writes_a_private_secret_and_never_overwrites(tmp_path):
         public, secret = keys.load_secret(target / f"{name}.key_secret")
         assert keys.load_public(target / f"{name}.key") == public and len(secret) == 40
     assert stat.S_IMODE(target.stat().st_mode) == 0o700
-    assert sorted(p.name for p in target.iterdir()) == ["agent-0.key", "agent-0.key_secret",
-                                                        "broker.key", "broker.key_secret"]
+    assert sorted(p.name for p in target.iterdir()) == [
+        "agent-0.key",
+        "agent-0.key_secret",
+        "broker.key",
+        "broker.key_secret",
+    ]
     before = (target / "broker.key_secret").read_bytes()
     again = invoke("keys", "generate", target, "--name", "broker")
     assert again.exit_code == 1 and "already exists" in again.output
@@ -183,8 +216,17 @@ def test_missing_or_malformed_keys_get_one_line_errors(tmp_path, keyring):
     assert len(result.output.strip().splitlines()) == 1
     result = invoke("broker", "--curve-secret", keyring / "broker/broker.key_secret", "--agents", 2)
     assert result.exit_code == 2 and "--curve-allow" in result.output
-    result = invoke("agent", "--connect", "tcp://127.0.0.1:1", "--rank", 0,
-                    "--curve-secret", bad, "--curve-broker", keyring / "broker/broker.key")
+    result = invoke(
+        "agent",
+        "--connect",
+        "tcp://127.0.0.1:1",
+        "--rank",
+        0,
+        "--curve-secret",
+        bad,
+        "--curve-broker",
+        keyring / "broker/broker.key",
+    )
     assert result.exit_code == 1 and "malformed CURVE key" in result.output
 
 
@@ -195,8 +237,9 @@ def test_a_secret_key_other_users_can_read_is_refused_with_the_fix(tmp_path, mod
     secret.chmod(mode)
     with pytest.raises(PermissionError, match=rf"{secret} is open to other users.*chmod 600 {secret}"):
         keys.load_secret(secret)
-    result = invoke("agent", "--connect", "tcp://127.0.0.1:1", "--rank", 0,
-                    "--curve-secret", secret, "--curve-broker", public)
+    result = invoke(
+        "agent", "--connect", "tcp://127.0.0.1:1", "--rank", 0, "--curve-secret", secret, "--curve-broker", public
+    )
     assert result.exit_code == 1 and "chmod 600" in result.output
     assert len(result.output.strip().splitlines()) == 1
 
@@ -212,8 +255,9 @@ def test_an_allow_directory_others_can_write_is_refused_with_the_fix(tmp_path, k
     target.chmod(0o777 if what == "directory" else 0o666)
     with pytest.raises(PermissionError, match=rf"{target} is writable by other users.*chmod go-w {target}"):
         keys.load_allowed(allow)
-    result = invoke("broker", "--curve-secret", keyring / "broker/broker.key_secret", "--curve-allow", allow,
-                    "--agents", 2)
+    result = invoke(
+        "broker", "--curve-secret", keyring / "broker/broker.key_secret", "--curve-allow", allow, "--agents", 2
+    )
     assert result.exit_code == 1 and "chmod go-w" in result.output
     target.chmod(0o755 if what == "directory" else 0o644)
     assert len(keys.load_allowed(allow)) == 1
@@ -221,13 +265,20 @@ def test_an_allow_directory_others_can_write_is_refused_with_the_fix(tmp_path, k
 
 @pytest.mark.timeout(30)
 def test_an_agent_the_broker_refuses_stops_retrying_and_says_why(secure_ring2, keyring, tmp_path):
-    from gossiprl.rl.agent import AgentConfig
     from gossiprl.launch import RunError, run_agent
+    from gossiprl.rl.agent import AgentConfig
 
     t0 = time.monotonic()
     with pytest.raises(RunError, match="not in the broker's --curve-allow directory; not retrying"):
-        run_agent(secure_ring2.address, 0, AgentConfig(total_frames=80), tmp_path, connect_timeout=60,
-                  curve=agent_curve(keyring, "intruder"), echo=lambda line: None)
+        run_agent(
+            secure_ring2.address,
+            0,
+            AgentConfig(total_frames=80),
+            tmp_path,
+            connect_timeout=60,
+            curve=agent_curve(keyring, "intruder"),
+            echo=lambda line: None,
+        )
     assert time.monotonic() - t0 < 15  # one liveness window, not the 60 s connect timeout
 
 
@@ -258,8 +309,12 @@ def test_a_local_swarm_is_closed_to_other_users_of_the_host(tmp_path, transport)
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "jsonpickle"}
 UNSAFE_BUILTINS = {"eval", "exec", "__import__", "compile"}
 UNSAFE_METHODS = {"recv_pyobj", "recv_serialized", "import_module", "Unpickler"}
-ALLOWED = {("gossiprl/bench/comms.py", "import pickle"), ("gossiprl/bench/comms.py", "pickle.dumps"),
-           ("gossiprl/bench/comms.py", "pickle.loads"), ("gossiprl/rl/envs.py", ".import_module(")}
+ALLOWED = {
+    ("gossiprl/bench/comms.py", "import pickle"),
+    ("gossiprl/bench/comms.py", "pickle.dumps"),
+    ("gossiprl/bench/comms.py", "pickle.loads"),
+    ("gossiprl/rl/envs.py", ".import_module("),
+}
 """bench/comms.py measures the PALA paper's path (pickle + base64 through a Manager) between its
 own processes; it is the only place allowed to touch pickle, and only to dump and load.
 rl/envs.py imports the module a ``MODULE:ENV_ID`` env id names (gymnasium's convention): the id
@@ -285,12 +340,19 @@ def unsafe_uses(source: str) -> list[str]:
                     found.append(f"{owner}.{func.attr}")
                 elif func.attr in UNSAFE_METHODS:
                     found.append(f".{func.attr}(")
-                elif func.attr == "load" and owner == "torch" and not any(
+                elif (
+                    func.attr == "load"
+                    and owner == "torch"
+                    and not any(
                         k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
-                        for k in node.keywords):
+                        for k in node.keywords
+                    )
+                ):
                     found.append("torch.load without weights_only=True")
-            if any(k.arg == "allow_pickle" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
-                   for k in node.keywords):
+            if any(
+                k.arg == "allow_pickle" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+                for k in node.keywords
+            ):
                 found.append("allow_pickle not False")
     return found
 
@@ -304,16 +366,31 @@ x = pickle.loads(data); y = eval(text); exec(text); __import__(name); sock.recv_
 m = importlib.import_module(name); torch.load(path); np.load(path, allow_pickle=True)
 model.eval(); re.compile("x"); torch.load(path, weights_only=True); np.load(path, allow_pickle=False)
 """
-    assert sorted(unsafe_uses(sample)) == sorted([
-        "import pickle", "import marshal", "from importlib import ...", "pickle.loads", "eval(", "exec(",
-        "__import__(", ".recv_pyobj(", ".import_module(", "torch.load without weights_only=True",
-        "allow_pickle not False"])
+    assert sorted(unsafe_uses(sample)) == sorted(
+        [
+            "import pickle",
+            "import marshal",
+            "from importlib import ...",
+            "pickle.loads",
+            "eval(",
+            "exec(",
+            "__import__(",
+            ".recv_pyobj(",
+            ".import_module(",
+            "torch.load without weights_only=True",
+            "allow_pickle not False",
+        ]
+    )
 
 
 @pytest.mark.timeout(10)
 def test_nothing_received_is_unpickled_evaluated_or_imported():
     files = sorted((REPO_ROOT / "gossiprl").rglob("*.py")) + sorted((REPO_ROOT / "topologies").rglob("*.py"))
     assert len(files) > 10
-    offending = [f"{path}: {use}" for path in (f.relative_to(REPO_ROOT).as_posix() for f in files)
-                 for use in unsafe_uses((REPO_ROOT / path).read_text(encoding="utf-8")) if (path, use) not in ALLOWED]
+    offending = [
+        f"{path}: {use}"
+        for path in (f.relative_to(REPO_ROOT).as_posix() for f in files)
+        for use in unsafe_uses((REPO_ROOT / path).read_text(encoding="utf-8"))
+        if (path, use) not in ALLOWED
+    ]
     assert offending == []

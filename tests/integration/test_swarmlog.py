@@ -1,4 +1,5 @@
 """The launcher's swarm-level TensorBoard run (and its W&B mirror), from a real two-agent swarm."""
+
 import json
 import time
 
@@ -19,8 +20,10 @@ def read_events(directory):
                 if value.metadata.plugin_data.plugin_name == "hparams":
                     data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
                     if data.HasField("session_start_info"):
-                        hparams = {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
-                                   for k, v in data.session_start_info.hparams.items()}
+                        hparams = {
+                            k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
+                            for k, v in data.session_start_info.hparams.items()
+                        }
                 elif value.HasField("tensor") or value.HasField("simple_value"):
                     number = value.simple_value if value.HasField("simple_value") else value.tensor.float_val[0]
                     scalars.setdefault(value.tag, []).append(number)
@@ -33,14 +36,30 @@ def swarm_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("swarm") / "run"
     try:
         import wandb  # noqa: F401
+
         track = ["--track", "--wandb-project", "gossiprl-test"]
     except ImportError:
         track = []
     with pytest.MonkeyPatch.context() as env:
         env.setenv("WANDB_MODE", "offline")
         env.setenv("WANDB_SILENT", "true")
-        result = invoke("run", "--agents", 2, "--topology", "ring", "--total-frames", 40000, "--run-dir", run_dir,
-                        "--no-progress", "--stop-at-return", "none", "--torch-threads", 1, *track)
+        result = invoke(
+            "run",
+            "--agents",
+            2,
+            "--topology",
+            "ring",
+            "--total-frames",
+            40000,
+            "--run-dir",
+            run_dir,
+            "--no-progress",
+            "--stop-at-return",
+            "none",
+            "--torch-threads",
+            1,
+            *track,
+        )
     assert result.exit_code == 0, result.output
     return run_dir
 
@@ -67,8 +86,9 @@ def test_track_mirrors_the_swarm_run_to_wandb_offline(swarm_run):
     while not (b"swarm/return_mean" in log.read_bytes() and b"gossiprl-test" in log.read_bytes()):
         assert time.monotonic() < deadline, "the swarm's scalars never reached the offline W&B run"
         time.sleep(0.5)
-    assert {p.name for p in (offline / "files").glob("events.out.tfevents.*")} == \
-        {p.name for p in (swarm_run / "swarm").glob("events.out.tfevents.*")}
+    assert {p.name for p in (offline / "files").glob("events.out.tfevents.*")} == {
+        p.name for p in (swarm_run / "swarm").glob("events.out.tfevents.*")
+    }
 
 
 def test_agents_of_a_cluster_swarm_print_progress_lines(tmp_path):
@@ -77,8 +97,8 @@ def test_agents_of_a_cluster_swarm_print_progress_lines(tmp_path):
 
     import topologies
     from gossiprl import Broker
-    from gossiprl.rl.agent import AgentConfig
     from gossiprl.launch import run_agent
+    from gossiprl.rl.agent import AgentConfig
 
     lines, errors = [], []
     cfg = AgentConfig(env_id="CartPole-v1", total_frames=40000, torch_threads=1)  # a few seconds: several reports

@@ -1,5 +1,6 @@
 """Real training through the real broker: a gossiping CartPole swarm that learns and agrees,
 and an Atari swarm that runs, resumes and is evaluated through the `gossiprl` command."""
+
 import csv
 import json
 import math
@@ -8,9 +9,9 @@ import re
 import pytest
 import torch
 
+from gossiprl.launch import SwarmConfig, run
 from gossiprl.rl.agent import AgentConfig, train
 from gossiprl.rl.evaluate import evaluate
-from gossiprl.launch import SwarmConfig, run
 from helpers import invoke
 
 
@@ -37,8 +38,14 @@ CARTPOLE_FRAMES_PER_AGENT = 150_000
 def test_cartpole_ring_of_two_learns_and_its_agents_agree(tmp_path):
     run_dir = tmp_path / "ring"
     cfg = AgentConfig(env_id="CartPole-v1", seed=1, log_every=20)
-    summary = run(SwarmConfig(agents=2, topology="ring", total_frames=2 * CARTPOLE_FRAMES_PER_AGENT,
-                              stop_at_return=CARTPOLE_TARGET), cfg, run_dir, show_progress=False)
+    summary = run(
+        SwarmConfig(
+            agents=2, topology="ring", total_frames=2 * CARTPOLE_FRAMES_PER_AGENT, stop_at_return=CARTPOLE_TARGET
+        ),
+        cfg,
+        run_dir,
+        show_progress=False,
+    )
 
     assert summary["failed"] == {}
     assert summary["stopped_by"].startswith("solved"), summary["stopped_by"]
@@ -73,8 +80,9 @@ def test_cartpole_ring_of_two_learns_and_its_agents_agree(tmp_path):
     # inits differ); the gossiping pair ended <= 0.25 apart in 16 measured runs.
     gossip_distance = float((final_params(run_dir / "agent-0") - final_params(run_dir / "agent-1")).norm())
     solo_dir = tmp_path / "solo"
-    solo_cfg = AgentConfig(env_id="CartPole-v1", total_frames=20 * frames_per_update, seed=1, agents_per_host=2,
-                           log_every=20)
+    solo_cfg = AgentConfig(
+        env_id="CartPole-v1", total_frames=20 * frames_per_update, seed=1, agents_per_host=2, log_every=20
+    )
     threads = torch.get_num_threads()
     try:
         with torch.random.fork_rng():
@@ -101,8 +109,25 @@ inside this budget and eval of one episode takes ~0.5 s; a Pong game lasts 840-1
 @pytest.mark.timeout(240)
 def test_atari_swarm_runs_resumes_and_evaluates_through_the_cli(tmp_path):
     run_dir = tmp_path / "breakout"
-    common = ["--env", ATARI, "--agents", 2, "--topology", "ring", "--num-envs", 4, "--n-steps", 5,
-              "--log-every", 5, "--seed", 3, "--run-dir", run_dir, "--no-progress"]
+    common = [
+        "--env",
+        ATARI,
+        "--agents",
+        2,
+        "--topology",
+        "ring",
+        "--num-envs",
+        4,
+        "--n-steps",
+        5,
+        "--log-every",
+        5,
+        "--seed",
+        3,
+        "--run-dir",
+        run_dir,
+        "--no-progress",
+    ]
     # 8000 Atari frames for the swarm: 4000 per agent = 1000 agent steps (frameskip 4) = 50 updates of 5 x 4
     result = invoke("run", *common, "--total-frames", 8000)
     assert result.exit_code == 0, result.output

@@ -1,5 +1,6 @@
 """The A2C learner's parts checked against numbers worked out by hand: returns, loss, time limits,
 the vector env's truncation report, the flat parameter buffer, and the Nature CNN's size."""
+
 import math
 
 import gymnasium as gym
@@ -14,8 +15,8 @@ from gossiprl.rl.a2c import A2CConfig, Rollout, a2c_loss, make_optimizer, nstep_
 from gossiprl.rl.envs import VecEnv, atari_game, is_atari, make_env
 from gossiprl.rl.models import AtariActorCritic, MLPActorCritic, flatten_parameters, make_model
 
-
 # ------------------------------------------------------------------ n-step returns
+
 
 def test_nstep_returns_bootstrap_and_stop_at_a_done():
     # gamma 0.5, 3 steps x 2 envs; env 0's episode ends at step 1, env 1 runs through.
@@ -50,6 +51,7 @@ def test_done_on_the_last_step_drops_the_bootstrap_value():
 
 # ------------------------------------------------------------------ the loss
 
+
 def test_a2c_loss_matches_hand_computation():
     # sample 0: probs (1/4, 3/4), took action 1, V=1, G=3 -> A=2
     # sample 1: probs (1/2, 1/2), took action 0, V=2, G=1 -> A=-1
@@ -61,7 +63,7 @@ def test_a2c_loss_matches_hand_computation():
     loss, metrics = a2c_loss(logits, values, actions, returns, value_coef, entropy_coef)
 
     policy_loss = -(2.0 * math.log(0.75) + (-1.0) * math.log(0.5)) / 2
-    value_loss = (2.0 ** 2 + 1.0 ** 2) / 2
+    value_loss = (2.0**2 + 1.0**2) / 2
     entropy = (-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)) + math.log(2.0)) / 2
     assert metrics["losses/policy_loss"].item() == pytest.approx(policy_loss, rel=1e-6)
     assert metrics["losses/value_loss"].item() == pytest.approx(value_loss, rel=1e-6)
@@ -88,6 +90,7 @@ def test_policy_gradient_on_the_logits():
 
 # ------------------------------------------------------------------ time limits in the rollout
 
+
 class ObsValue(nn.Module):
     """V(s) = w * s[0] with w = 1 at first, uniform logits over two actions: values known by hand."""
 
@@ -111,14 +114,18 @@ def filled_rollout():
     return rollout
 
 
-@pytest.mark.parametrize("clip_rewards,expected_value_loss", [
-    # sign-clipped rewards (1, -1 / 1, 0) plus the unclipped bonus .5 * 8 = 4 at step 0, env 0:
-    #   env 0: G1 = 1 + .5*6 = 4, G0 = 1 + 4 = 5 (done: no G1)   -> A = 5-1, 4-3 = 4, 1
-    #   env 1: G1 = 0 + .5*7 = 3.5, G0 = -1 + .5*3.5 = .75        -> A = .75-2, 3.5-4 = -1.25, -.5
-    (True, (4.0 ** 2 + 1.0 ** 2 + 1.25 ** 2 + 0.5 ** 2) / 4),
-    # raw rewards: env 0: G1 = 2 + 3 = 5, G0 = 5 + 4 = 9 -> A = 8, 2; env 1: G1 = 3.5, G0 = -3 + 1.75 -> A = -3.25, -.5
-    (False, (8.0 ** 2 + 2.0 ** 2 + 3.25 ** 2 + 0.5 ** 2) / 4),
-])
+@pytest.mark.parametrize(
+    "clip_rewards,expected_value_loss",
+    [
+        # sign-clipped rewards (1, -1 / 1, 0) plus the unclipped bonus .5 * 8 = 4 at step 0, env 0:
+        #   env 0: G1 = 1 + .5*6 = 4, G0 = 1 + 4 = 5 (done: no G1)   -> A = 5-1, 4-3 = 4, 1
+        #   env 1: G1 = 0 + .5*7 = 3.5, G0 = -1 + .5*3.5 = .75        -> A = .75-2, 3.5-4 = -1.25, -.5
+        (True, (4.0**2 + 1.0**2 + 1.25**2 + 0.5**2) / 4),
+        # raw rewards: env 0: G1 = 2 + 3 = 5, G0 = 5 + 4 = 9 -> A = 8, 2;
+        #              env 1: G1 = 3.5, G0 = -3 + 1.75 -> A = -3.25, -.5
+        (False, (8.0**2 + 2.0**2 + 3.25**2 + 0.5**2) / 4),
+    ],
+)
 def test_time_limit_bootstraps_from_the_final_obs_unclipped(clip_rewards, expected_value_loss):
     cfg = A2CConfig(num_envs=2, n_steps=2, gamma=0.5, clip_rewards=clip_rewards, entropy_coef=0.01)
     model = ObsValue()
@@ -143,7 +150,7 @@ def test_without_the_bonus_a_cut_step_is_a_plain_terminal():
     cfg = A2CConfig(num_envs=2, n_steps=2, gamma=0.5, clip_rewards=True, entropy_coef=0.01)
     metrics = update(ObsValue(), make_optimizer(ObsValue(), cfg), filled_rollout(), cfg)
     # G0 of env 0 = 1 (clipped 5, nothing after the done) -> A = 0 in place of 4
-    assert metrics["losses/value_loss"].item() == pytest.approx((0.0 + 1.0 + 1.25 ** 2 + 0.5 ** 2) / 4)
+    assert metrics["losses/value_loss"].item() == pytest.approx((0.0 + 1.0 + 1.25**2 + 0.5**2) / 4)
 
 
 # ------------------------------------------------------------------ the vector env's time-limit report
@@ -204,9 +211,21 @@ def test_vecenv_reports_time_limit_cuts_with_their_final_obs():
 def test_vecenv_reports_ale_time_limit_cuts_with_their_final_frames():
     """ALE's native vector env (the Atari backend) cuts at max_num_frames_per_episode: 40 frames
     here, i.e. 10 agent steps, instead of the 108,000 a real run meets after hours."""
-    env = AtariVectorEnv("breakout", 2, autoreset_mode=AutoresetMode.SAME_STEP, img_height=84, img_width=84,
-                         grayscale=True, stack_num=4, frameskip=4, maxpool=True, noop_max=0, episodic_life=False,
-                         reward_clipping=False, max_num_frames_per_episode=40)
+    env = AtariVectorEnv(
+        "breakout",
+        2,
+        autoreset_mode=AutoresetMode.SAME_STEP,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        stack_num=4,
+        frameskip=4,
+        maxpool=True,
+        noop_max=0,
+        episodic_life=False,
+        reward_clipping=False,
+        max_num_frames_per_episode=40,
+    )
     envs = VecEnv(env, 4, seed=0)
     try:
         first = envs.reset()
@@ -243,6 +262,7 @@ def test_cartpole_vecenv_autoresets_on_the_same_step():
 
 # ------------------------------------------------------------------ the flat parameter buffer
 
+
 def test_flatten_parameters_makes_every_parameter_a_view_of_one_tensor():
     torch.manual_seed(0)
     model = MLPActorCritic(4, 2)
@@ -251,7 +271,11 @@ def test_flatten_parameters_makes_every_parameter_a_view_of_one_tensor():
         before = model(x)
     params = list(model.parameters())
     flat = flatten_parameters(model)
-    assert flat.numel() == sum(p.numel() for p in params) == 4 * 64 + 64 + 64 * 64 + 64 + 64 * 2 + 2 + 4 * 64 + 64 + 64 * 64 + 64 + 64 + 1
+    assert (
+        flat.numel()
+        == sum(p.numel() for p in params)
+        == 4 * 64 + 64 + 64 * 64 + 64 + 64 * 2 + 2 + 4 * 64 + 64 + 64 * 64 + 64 + 64 + 1
+    )
     with torch.no_grad():
         after = model(x)
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])  # same values, new home
@@ -282,6 +306,7 @@ def test_flatten_parameters_refuses_mixed_dtypes():
 
 
 # ------------------------------------------------------------------ the networks
+
 
 def test_nature_cnn_has_the_papers_parameter_count():
     obs_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -333,6 +358,7 @@ def test_env_dependent_defaults_follow_the_papers_on_atari_only():
 
 # ------------------------------------------------------------------ checkpoints
 
+
 def _checkpoint_state(**counters):
     from dataclasses import asdict
 
@@ -342,9 +368,13 @@ def _checkpoint_state(**counters):
     optimizer = make_optimizer(model, A2CConfig())
     model(torch.ones(3, 4))[1].sum().backward()
     optimizer.step()
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "counters": {"updates": 3, "frames": 240, "episodes": 2, "wall_s": 1.5, **counters},
-            "recent_returns": [10.0, 12.0], "config": asdict(AgentConfig())}
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "counters": {"updates": 3, "frames": 240, "episodes": 2, "wall_s": 1.5, **counters},
+        "recent_returns": [10.0, 12.0],
+        "config": asdict(AgentConfig()),
+    }
 
 
 def test_corrupt_checkpoints_are_refused_with_the_file_named(tmp_path):
@@ -376,14 +406,20 @@ def test_corrupt_checkpoints_are_refused_with_the_file_named(tmp_path):
     assert refused >= 30
 
 
-@pytest.mark.parametrize("change,words", [
-    ("nan", "NaN or infinity"), ("updates", "counter 'updates' is -1"), ("wall_s", "counter 'wall_s'"),
-])
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        ("nan", "NaN or infinity"),
+        ("updates", "counter 'updates' is -1"),
+        ("wall_s", "counter 'wall_s'"),
+    ],
+)
 def test_checkpoints_with_impossible_values_are_refused(tmp_path, change, words):
     from gossiprl.rl.agent import CheckpointError, load_checkpoint, save_checkpoint
 
-    state = _checkpoint_state(**({"updates": -1} if change == "updates" else
-                                 {"wall_s": float("nan")} if change == "wall_s" else {}))
+    state = _checkpoint_state(
+        **({"updates": -1} if change == "updates" else {"wall_s": float("nan")} if change == "wall_s" else {})
+    )
     if change == "nan":
         next(iter(state["model"].values())).view(-1)[0] = float("nan")
     save_checkpoint(tmp_path / "c.pt", state)
@@ -422,8 +458,9 @@ def test_training_goes_on_when_the_run_dir_cannot_be_written(tmp_path, monkeypat
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(agent.torch, "save", read_only)
-    cfg = agent.AgentConfig(total_frames=400, checkpoint_every=2, log_every=2, torch_threads=1,
-                            a2c=A2CConfig(num_envs=4))
+    cfg = agent.AgentConfig(
+        total_frames=400, checkpoint_every=2, log_every=2, torch_threads=1, a2c=A2CConfig(num_envs=4)
+    )
     summary = agent.train(cfg, tmp_path, rank=0)
     assert summary["frames"] >= 400
     assert not list((tmp_path / "agent-0").glob("checkpoint.pt*"))

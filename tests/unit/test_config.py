@@ -2,6 +2,7 @@
 
 The commands are invoked for real, with launch.run / launch.run_agent replaced by a recorder
 that keeps the configs they were handed and stops there, so nothing trains."""
+
 import json
 import subprocess
 import sys
@@ -13,7 +14,6 @@ from gossiprl import cli, config, launch
 from gossiprl.launch import SwarmConfig
 from gossiprl.rl.settings import A2CConfig, AgentConfig
 from helpers import invoke
-
 
 
 @pytest.fixture
@@ -35,8 +35,10 @@ def squash(text: str) -> str:
     return "".join(text.split())
 
 
-@pytest.mark.parametrize("command,settings", [(["run"], cli.RUN_SETTINGS), (["agent"], cli.AGENT_SETTINGS),
-                                              (["bench", "train"], cli.BENCH_TRAIN_SETTINGS)])
+@pytest.mark.parametrize(
+    "command,settings",
+    [(["run"], cli.RUN_SETTINGS), (["agent"], cli.AGENT_SETTINGS), (["bench", "train"], cli.BENCH_TRAIN_SETTINGS)],
+)
 def test_help_shows_every_fields_docstring_and_default(command, settings):
     shown = squash(invoke(*command, "--help").output)
     assert len(settings.by_name) >= 5
@@ -51,11 +53,37 @@ def test_help_shows_every_fields_docstring_and_default(command, settings):
 
 def test_help_keeps_the_documented_flag_names_and_defaults():
     shown = squash(invoke("run", "--help").output)
-    for flag in ("--env", "--total-frames", "--seed", "--device", "--torch-threads", "--num-envs", "--n-steps", "--lr",
-                 "--entropy-coef", "--gossip-every", "--aggregate", "--deviation-bound", "--codec", "--run-dir",
-                 "--resume", "--topology", "-n,--agents", "--mode", "--max-staleness", "--transport", "--data-plane",
-                 "--stop-at-return", "--max-seconds", "--fail-fast", "--peers", "--time-varying",
-                 "--peers-per-round", "--option", "--config"):
+    for flag in (
+        "--env",
+        "--total-frames",
+        "--seed",
+        "--device",
+        "--torch-threads",
+        "--num-envs",
+        "--n-steps",
+        "--lr",
+        "--entropy-coef",
+        "--gossip-every",
+        "--aggregate",
+        "--deviation-bound",
+        "--codec",
+        "--run-dir",
+        "--resume",
+        "--topology",
+        "-n,--agents",
+        "--mode",
+        "--max-staleness",
+        "--transport",
+        "--data-plane",
+        "--stop-at-return",
+        "--max-seconds",
+        "--fail-fast",
+        "--peers",
+        "--time-varying",
+        "--peers-per-round",
+        "--option",
+        "--config",
+    ):
         assert flag in shown, flag
     assert "[default:2000000;x>=1]" in shown and "[default:auto]" in shown  # --total-frames, --stop-at-return
     assert "--agents-per-host" in squash(invoke("agent", "--help").output)
@@ -86,8 +114,9 @@ def test_choices_come_from_the_modules_constants():
 
 def test_a_toml_file_sets_values(tmp_path, recorded):
     path = tmp_path / "run.toml"
-    path.write_text('lr = 1e-3\nenv = "Acrobot-v1"\nagents = 3\ntopology = "full"\nfail_fast = true\n'
-                    '[topology_options]\n')
+    path.write_text(
+        'lr = 1e-3\nenv = "Acrobot-v1"\nagents = 3\ntopology = "full"\nfail_fast = true\n[topology_options]\n'
+    )
     result = invoke("run", "--config", path, "--run-dir", tmp_path / "r", "--no-progress")
     assert result.exit_code == 1 and "recorded" in result.output, result.output
     (swarm, cfg, _), _ = recorded[0]
@@ -98,8 +127,10 @@ def test_a_toml_file_sets_values(tmp_path, recorded):
 
 def test_a_yaml_file_in_sections_sets_values(tmp_path, recorded):
     path = tmp_path / "run.yaml"
-    path.write_text("swarm:\n  agents: 2\n  mode: async\n  max_staleness: 3\n  topology_options: {}\n"
-                    "agent:\n  seed: 7\n  deviation_bound: null\n  a2c:\n    n_steps: 3\n    entropy_coef: 0.02\n")
+    path.write_text(
+        "swarm:\n  agents: 2\n  mode: async\n  max_staleness: 3\n  topology_options: {}\n"
+        "agent:\n  seed: 7\n  deviation_bound: null\n  a2c:\n    n_steps: 3\n    entropy_coef: 0.02\n"
+    )
     result = invoke("run", "--config", path, "--run-dir", tmp_path / "r", "--no-progress")
     assert result.exit_code == 1 and "recorded" in result.output, result.output
     (swarm, cfg, _), _ = recorded[0]
@@ -110,9 +141,11 @@ def test_a_yaml_file_in_sections_sets_values(tmp_path, recorded):
 
 def test_a_runs_config_json_sets_values(tmp_path, recorded):
     """The whole record of a run: run takes the swarm's budget, not agent.total_frames (per agent)."""
-    saved = {"swarm": asdict(SwarmConfig(agents=3, topology="full", total_frames=6000, codec="bf16")),
-             "agent": asdict(AgentConfig(seed=5, total_frames=2000, agents_per_host=3, a2c=A2CConfig(num_envs=8))),
-             "topology": {"name": "full", "n": 3}}
+    saved = {
+        "swarm": asdict(SwarmConfig(agents=3, topology="full", total_frames=6000, codec="bf16")),
+        "agent": asdict(AgentConfig(seed=5, total_frames=2000, agents_per_host=3, a2c=A2CConfig(num_envs=8))),
+        "topology": {"name": "full", "n": 3},
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(saved))
     result = invoke("run", "--config", path, "--run-dir", tmp_path / "r", "--no-progress")
@@ -136,14 +169,17 @@ def test_a_flag_beats_the_file(tmp_path, recorded):
     assert cfg.a2c.lr == 2e-3 and cfg.seed == 9
 
 
-@pytest.mark.parametrize("text,words", [
-    ("lrr = 1e-3\n", ["'lrr' is not a setting of `gossiprl run`", "did you mean 'lr'?", "valid: "]),
-    ("n_steps = 0\n", ["'n_steps' in", "0 is not in the range x>=1"]),
-    ('mode = "eventual"\n', ["'mode' in", "'eventual' is not one of 'sync', 'async'"]),
-    ("agents_per_host = 2\n", ["'agents_per_host' is not a setting of `gossiprl run`"]),
-    ("[agent.a2c]\nlearning_rate = 1\n", ["'agent.a2c.learning_rate' is not a setting"]),
-    ("lr = \n", ["is not valid TOML"]),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("lrr = 1e-3\n", ["'lrr' is not a setting of `gossiprl run`", "did you mean 'lr'?", "valid: "]),
+        ("n_steps = 0\n", ["'n_steps' in", "0 is not in the range x>=1"]),
+        ('mode = "eventual"\n', ["'mode' in", "'eventual' is not one of 'sync', 'async'"]),
+        ("agents_per_host = 2\n", ["'agents_per_host' is not a setting of `gossiprl run`"]),
+        ("[agent.a2c]\nlearning_rate = 1\n", ["'agent.a2c.learning_rate' is not a setting"]),
+        ("lr = \n", ["is not valid TOML"]),
+    ],
+)
 def test_unknown_keys_and_bad_values_are_refused_in_one_line_and_nothing_starts(tmp_path, recorded, text, words):
     path = tmp_path / "run.toml"
     path.write_text(text)
@@ -157,9 +193,15 @@ def test_unknown_keys_and_bad_values_are_refused_in_one_line_and_nothing_starts(
 def _saved_run(tmp_path, **swarm):
     run_dir = tmp_path / "x"
     run_dir.mkdir()
-    (run_dir / "config.json").write_text(json.dumps({
-        "swarm": asdict(SwarmConfig(**{"agents": 4, "total_frames": 8000, **swarm})),
-        "agent": asdict(AgentConfig(seed=5, agents_per_host=4, total_frames=2000)), "topology": None}))
+    (run_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "swarm": asdict(SwarmConfig(**{"agents": 4, "total_frames": 8000, **swarm})),
+                "agent": asdict(AgentConfig(seed=5, agents_per_host=4, total_frames=2000)),
+                "topology": None,
+            }
+        )
+    )
     return run_dir
 
 
@@ -167,19 +209,38 @@ def test_resume_refuses_a_conflicting_flag_naming_it(tmp_path, recorded):
     run_dir = _saved_run(tmp_path)
     result = invoke("run", "--run-dir", run_dir, "--resume", "--agents", 2, "--no-progress")
     assert result.exit_code == 1
-    assert result.output.strip() == (f"Error: cannot resume {run_dir}: --agents 2 conflicts with the run's agents=4 "
-                                     "(config.json); drop the flag or start a new --run-dir")
+    assert result.output.strip() == (
+        f"Error: cannot resume {run_dir}: --agents 2 conflicts with the run's agents=4 "
+        "(config.json); drop the flag or start a new --run-dir"
+    )
     result = invoke("run", "--run-dir", run_dir, "--resume", "--seed", 6, "--mode", "async", "--no-progress")
     assert result.exit_code == 1
-    assert ("--mode async conflicts with the run's mode=sync, --seed 6 conflicts with the run's seed=5 "
-            "(config.json); drop these flags") in result.output
+    assert (
+        "--mode async conflicts with the run's mode=sync, --seed 6 conflicts with the run's seed=5 "
+        "(config.json); drop these flags"
+    ) in result.output
     assert recorded == []
 
 
 def test_resume_accepts_equal_flags_and_the_ones_that_may_change(tmp_path, recorded):
     run_dir = _saved_run(tmp_path, max_seconds=100.0)
-    result = invoke("run", "--run-dir", run_dir, "--resume", "--agents", 4, "--seed", 5, "--total-frames", 16000,
-                    "--max-seconds", 50, "--device", "cpu", "--no-progress")
+    result = invoke(
+        "run",
+        "--run-dir",
+        run_dir,
+        "--resume",
+        "--agents",
+        4,
+        "--seed",
+        5,
+        "--total-frames",
+        16000,
+        "--max-seconds",
+        50,
+        "--device",
+        "cpu",
+        "--no-progress",
+    )
     assert result.exit_code == 1 and "recorded" in result.output, result.output
     (swarm, cfg, _), kw = recorded[0]
     assert kw["resume"] is True

@@ -1,4 +1,5 @@
 """evaluate and plot_runs on a hand-made run dir, so they are checked without training anything."""
+
 import csv
 import json
 from dataclasses import asdict
@@ -8,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from gossiprl.draw import _mean_curve, plot_runs
 from gossiprl.rl import evaluate as evaluate_module
 from gossiprl.rl.agent import METRIC_COLUMNS, AgentConfig, save_checkpoint
-from gossiprl.draw import _mean_curve, plot_runs
 from gossiprl.rl.envs import make_env
 from gossiprl.rl.evaluate import evaluate
 from gossiprl.rl.models import make_model
@@ -48,13 +49,16 @@ def write_checkpoint(agent_dir, env_id="CartPole-v1", frames=1000, always_right=
             model.actor[-1].weight.zero_()
             model.actor[-1].bias.copy_(torch.tensor([0.0, 0.05]))
     agent_dir.mkdir(parents=True)
-    save_checkpoint(agent_dir / "checkpoint.pt", {
-        "model": model.state_dict(),
-        "optimizer": {},
-        "counters": {"updates": frames // 80, "frames": frames, "episodes": 40, "wall_s": 12.5},
-        "recent_returns": [20.0, 22.0],
-        "config": asdict(AgentConfig(env_id=env_id)),
-    })
+    save_checkpoint(
+        agent_dir / "checkpoint.pt",
+        {
+            "model": model.state_dict(),
+            "optimizer": {},
+            "counters": {"updates": frames // 80, "frames": frames, "episodes": 40, "wall_s": 12.5},
+            "recent_returns": [20.0, 22.0],
+            "config": asdict(AgentConfig(env_id=env_id)),
+        },
+    )
 
 
 @pytest.fixture
@@ -79,7 +83,9 @@ def test_each_agent_plays_exactly_the_episodes_asked(run_dir, episodes):
         assert agent["std"] == pytest.approx(np.std(returns))
         assert agent["frames"] == frames
         pooled += returns
-    assert result["overall"] == pytest.approx({"mean": np.mean(pooled), "std": np.std(pooled), "episodes": 2 * episodes})
+    assert result["overall"] == pytest.approx(
+        {"mean": np.mean(pooled), "std": np.std(pooled), "episodes": 2 * episodes}
+    )
     assert f"{episodes} complete episodes" in result["protocol"]
     json.dumps(result)  # the CLI prints it with --json
 
@@ -113,9 +119,15 @@ def write_metrics(agent_dir, rows):
         writer = csv.DictWriter(f, METRIC_COLUMNS)
         writer.writeheader()
         for frames, wall_s, ret in rows:
-            writer.writerow({"frames": frames, "wall_s": wall_s, "updates": frames // 80,
-                             "episodic_return": "" if ret is None else ret,
-                             "mean_return_100": "" if ret is None else ret})
+            writer.writerow(
+                {
+                    "frames": frames,
+                    "wall_s": wall_s,
+                    "updates": frames // 80,
+                    "episodic_return": "" if ret is None else ret,
+                    "mean_return_100": "" if ret is None else ret,
+                }
+            )
 
 
 def test_plot_runs_writes_a_png(tmp_path):
@@ -123,8 +135,11 @@ def test_plot_runs_writes_a_png(tmp_path):
     write_metrics(gala / "agent-0", [(800, 1.0, None), (1600, 2.0, 15.0), (2400, 3.0, 20.0), (3200, 4.0, 30.0)])
     # agent-1 logs at other frames and was resumed from 1200 after logging up to 2000
     write_metrics(gala / "agent-1", [(1200, 1.5, 12.0), (2000, 2.5, 99.0), (1600, 2.1, 16.0), (2800, 3.5, 26.0)])
-    (gala / "config.json").write_text(json.dumps({"swarm": {"agents": 2, "topology": "ring", "mode": "async"},
-                                                  "agent": {}, "topology": {"name": "ring"}}))
+    (gala / "config.json").write_text(
+        json.dumps(
+            {"swarm": {"agents": 2, "topology": "ring", "mode": "async"}, "agent": {}, "topology": {"name": "ring"}}
+        )
+    )
     single = tmp_path / "a2c"
     write_metrics(single / "agent-0", [(800, 0.5, 10.0), (1600, 1.0, 14.0)])
     out = tmp_path / "curves.png"
@@ -136,7 +151,7 @@ def test_agents_logged_at_different_frames_are_averaged_where_all_reached():
     a = np.array([[0, 0, 0.0], [10, 1, 10.0], [20, 2, 20.0]])
     b = np.array([[5, 0, 0.0], [15, 1, 0.0], [30, 3, 0.0]])
     x, y = _mean_curve([a, b], 0, smooth=1, scale=2)
-    assert x.tolist() == [10, 20, 30, 40]         # frames 5..20, charged for both agents
+    assert x.tolist() == [10, 20, 30, 40]  # frames 5..20, charged for both agents
     assert y.tolist() == [2.5, 5.0, 7.5, 10.0]
 
 

@@ -1,4 +1,5 @@
 """The package's layers only look down: topologies -> comms -> rl -> the tools on top."""
+
 import ast
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def imports_of(path: Path, module: str) -> list[str]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             found += [base] + [f"{base}.{alias.name}" for alias in node.names]
     return [name for name in found if layer_of(name) is not None]
 

@@ -1,4 +1,5 @@
 """The torch adapter: tensors reach the numpy-only comms layer through gossiprl.comms.tensors alone."""
+
 import re
 import warnings
 from pathlib import Path
@@ -119,8 +120,9 @@ def test_norm_and_order_statistics_agree_for_tensors_and_arrays():
     rng = np.random.default_rng(0)
     values = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(4)]
     assert tensors.squared_norm(torch.from_numpy(values[0])) == pytest.approx(tensors.squared_norm(values[0]), rel=1e-6)
-    np.testing.assert_array_equal(tensors.sorted_stack([torch.from_numpy(v) for v in values]).numpy(),
-                                  tensors.sorted_stack(values))
+    np.testing.assert_array_equal(
+        tensors.sorted_stack([torch.from_numpy(v) for v in values]).numpy(), tensors.sorted_stack(values)
+    )
 
 
 def test_named_tensors_of_a_module_are_its_parameters_data():
@@ -156,7 +158,9 @@ def test_cuda_tensors_reach_a_slot_and_come_back_onto_the_device():
 def test_no_comms_module_but_tensors_has_a_torch_code_path():
     """The adapter is the one module that touches torch; wire does not even name it."""
     assert "torch" not in (COMMS / "wire.py").read_text()
-    torch_code = re.compile(r'sys\.modules\[.torch.\]|^\s*(import|from) torch\b|\bis_torch\(|\.is_cuda\b|\.is_floating_point\(',
-                            re.MULTILINE)
+    torch_code = re.compile(
+        r"sys\.modules\[.torch.\]|^\s*(import|from) torch\b|\bis_torch\(|\.is_cuda\b|\.is_floating_point\(",
+        re.MULTILINE,
+    )
     touching = sorted(p.name for p in COMMS.glob("*.py") if torch_code.search(p.read_text()))
     assert touching == ["tensors.py"]

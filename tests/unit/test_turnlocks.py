@@ -5,6 +5,7 @@ agent is bypassed, async skips), then a hypothesis state machine drives agents t
 protocol through arbitrary interleavings of publish, collect, gone and rejoin, and checks after
 every step what PALA's Algorithm 2 promises.
 """
+
 import math
 
 import pytest
@@ -37,6 +38,7 @@ def test_reader_waits_for_every_in_peer_then_gets_their_letters_in_one_deliver()
 def test_open_letter_decides_per_reader_what_its_deliver_entry_carries():
     """The owner's hook (the broker's data planes) may give one reader the bytes and another only
     the header, with bytes_out counting what was handed over."""
+
     def open_letter(letter, reader):
         if reader == 1:
             return letter.header, letter.payload, letter.nbytes
@@ -49,8 +51,9 @@ def test_open_letter_decides_per_reader_what_its_deliver_entry_carries():
     to_2 = by_cmd(locks.collect(2, seq=2, round=0, now=1.0))[(2, DELIVER)]
     assert to_1.payload == [b"\0\0", b"\2\2"] and locks.ranks[1].bytes_out == 4
     assert to_1.fields["messages"][0] == {"rank": 0, "round": 0, "tag": "from 0"}
-    assert to_2.fields["messages"] == [{"rank": j, "round": 0, "tag": f"from {j}", "bytes": "left at home"}
-                                       for j in (0, 1)]
+    assert to_2.fields["messages"] == [
+        {"rank": j, "round": 0, "tag": f"from {j}", "bytes": "left at home"} for j in (0, 1)
+    ]
     assert to_2.payload == [] and locks.ranks[2].bytes_out == 0
 
 
@@ -129,6 +132,7 @@ def test_bad_settings_are_refused(mode, staleness):
 
 # ---------------------------------------------------------------- arbitrary interleavings
 
+
 class Swarm(RuleBasedStateMachine):
     """Agents that follow the protocol (publish round r, collect round r, wait for both replies,
     go to r + 1), dying and coming back at any moment, against one TurnLocks.
@@ -170,8 +174,10 @@ class Swarm(RuleBasedStateMachine):
         for (j, i), letter in before.items():
             if self.locks.mailbox.get((j, i)) is letter or (letter.payload[0], i) in read:
                 continue
-            assert (j, i) not in self.locks.mailbox, \
-                f"letter {letter.payload[0]} in slot {j}->{i} overwritten unread by {self.locks.mailbox[(j, i)].payload[0]}"
+            assert (j, i) not in self.locks.mailbox, (
+                f"letter {letter.payload[0]} in slot {j}->{i} overwritten unread "
+                f"by {self.locks.mailbox[(j, i)].payload[0]}"
+            )
             lost += 1
         assert lost <= self.locks.events.get(DROPPED, 0) - dropped, "a letter vanished without being read or dropped"
 
@@ -262,19 +268,22 @@ class Swarm(RuleBasedStateMachine):
         for i in self.live:
             parked = self.locks.ranks[i].collect
             if parked is not None and self.MODE == "sync":
-                assert not all((j, i) in self.locks.mailbox for j in parked.waiting_on), \
+                assert not all((j, i) in self.locks.mailbox for j in parked.waiting_on), (
                     f"rank {i}'s collect is parked though every in-peer wrote"
+                )
 
     @invariant()
     def nothing_deadlocks(self):
         """Some live agent can always act: every one waiting on a reply would be a deadlock."""
         if self.live:
-            assert any(self.sent[i] != {ACK, DELIVER} for i in self.live), \
+            assert any(self.sent[i] != {ACK, DELIVER} for i in self.live), (
                 f"deadlock: every live agent waits; pending {[self.pending[i] for i in sorted(self.live)]}"
+            )
 
 
-SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 class TimeVarying(Swarm):
