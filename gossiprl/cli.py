@@ -639,14 +639,8 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
         )
     except (launch.RunError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
-    if summary["solved_at"]:
-        at = summary["solved_at"]
-        click.echo(f"solved after {at['frames']:,} frames and {at['wall_seconds']:.1f}s")
-    click.echo(
-        f"done ({summary['stopped_by']}): {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
-        f"({summary['fps']:,.0f} frames/s), {_returns_line(summary)}, "
-        f"{100 * summary['gossip_share']:.1f}% of time in gossip"
-    )
+    for line in end_lines(summary, run_dir):
+        click.echo(line)
     if summary["failed"]:
         for rank, why in summary["failed"].items():
             click.echo(f"agent-{rank} failed: {why}", err=True)
@@ -656,12 +650,51 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
 
 
 def _returns_line(summary: dict) -> str:
-    """The end line's return: the mean over the last 100 episodes, or that none finished (not 'nan')."""
+    """An agent's end line return: the mean over its last 100 episodes, or that none finished (not 'nan')."""
     from .launch import format_return
 
     if not summary["episodes"]:
         return f"mean return {format_return(None)}"
     return f"mean return {format_return(summary['mean_return'])} over the last {min(100, summary['episodes'])} episodes"
+
+
+def end_lines(summary: dict, run_dir: Path) -> list[str]:
+    """What a finished `gossiprl run` tells a person: why it stopped, its returns, and what next.
+
+    The stop rule's mean was taken when the swarm was told to stop; agents finish their update
+    before they leave, so the final window differs a little. Both are labelled, with each agent's
+    own last-100 mean beside the pooled one (the pooled window holds mostly the fastest agents)."""
+    from .launch import format_return
+
+    lines = []
+    reason = summary["stopped_by"]
+    if summary["solved_at"]:
+        at = summary["solved_at"]
+        reason = "solved"
+        lines.append(
+            f"solved after {at['frames']:,} frames and {at['wall_seconds']:.1f}s: the last 100 episodes "
+            f"of all agents, pooled, averaged {format_return(at['mean_return'])}"
+        )
+    lines.append(
+        f"done ({reason}): {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
+        f"({summary['fps']:,.0f} frames/s), {100 * summary['gossip_share']:.1f}% of time in gossip"
+    )
+    if not summary["episodes"]:
+        lines.append(f"mean return {format_return(None)}")
+    else:
+        own = [a["mean_return"] for a in summary["per_agent"].values() if not math.isnan(a["mean_return"])]
+        spread = f"; each agent's own last 100: {min(own):.1f} to {max(own):.1f}" if len(own) > 1 else ""
+        lines.append(
+            f"mean return {format_return(summary['mean_return'])} over the last "
+            f"{min(100, summary['episodes'])} episodes of all agents, pooled{spread}"
+        )
+    lines += [
+        f"run dir {run_dir}",
+        f"  watch:  tensorboard --logdir {run_dir}",
+        f"  play:   gossiprl eval {run_dir}   (each agent's and the consensus policy; --video DIR for MP4s)",
+        f'  use:    gossiprl.load_policy("{run_dir}")   (in Python: act(obs), predict(obs))',
+    ]
+    return lines
 
 
 def _interrupt(signum, frame):

@@ -27,6 +27,40 @@ def test_a_run_that_finished_no_episode_prints_no_nan(tmp_path):
     assert not re.search(r"\bnan\b", result.output, re.IGNORECASE), result.output
 
 
+def test_the_end_of_a_run_labels_each_return_and_says_what_to_do_next(tmp_path):
+    """The stop rule's mean and the final one differ (agents finish their update after the stop);
+    each line says which it is, and the run dir comes with the commands that use it."""
+    from gossiprl.cli import end_lines
+
+    agent = {"mean_return": 363.1}
+    summary = {
+        "solved_at": {"frames": 393_680, "wall_seconds": 37.2, "mean_return": 496.3},
+        "frames": 400_080,
+        "wall_seconds": 38.9,
+        "fps": 10_291.0,
+        "gossip_share": 0.428,
+        "episodes": 1200,
+        "mean_return": 491.9,
+        "stopped_by": "solved: mean return 496.3 >= 475.0",
+        "per_agent": {0: agent, 1: {"mean_return": 363.3}},
+    }
+    lines = end_lines(summary, tmp_path / "run")
+    assert lines[0] == (
+        "solved after 393,680 frames and 37.2s: the last 100 episodes of all agents, pooled, averaged 496.3"
+    )
+    assert lines[1].startswith("done (solved): 400,080 frames in 38.9s")
+    assert lines[2] == (
+        "mean return 491.9 over the last 100 episodes of all agents, pooled; each agent's own last 100: 363.1 to 363.3"
+    )
+    rest = "\n".join(lines[3:])
+    for command in (
+        f"tensorboard --logdir {tmp_path / 'run'}",
+        f"gossiprl eval {tmp_path / 'run'}",
+        f'gossiprl.load_policy("{tmp_path / "run"}")',
+    ):
+        assert command in rest
+
+
 @pytest.mark.timeout(120)
 def test_an_agent_that_finished_no_episode_prints_no_nan(tmp_path):
     with Broker(topologies.make("ring", 2), mode="async").start() as broker:
