@@ -146,7 +146,10 @@ def train(
     last_report = start
     gossip_stats: dict[str, float] = {}
 
-    while frames < cfg.total_frames and not (stop is not None and stop.is_set()):
+    # One flag, computed once per update, both ends the loop and triggers the final log row and
+    # checkpoint: a stop that arrived between two separate checks used to end the loop unsaved.
+    finished = frames >= cfg.total_frames or (stop is not None and stop.is_set())
+    while not finished:
         t0 = time.perf_counter()
         for step in range(a2c.n_steps):
             with torch.no_grad():
@@ -231,8 +234,6 @@ def train(
                 }
             )
             returns_since_report = []
-        if solved:
-            break
 
     wall = time.perf_counter() - start
     log.close()

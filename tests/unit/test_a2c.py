@@ -466,6 +466,29 @@ def test_training_goes_on_when_the_run_dir_cannot_be_written(tmp_path, monkeypat
     assert not list((tmp_path / "agent-0").glob("checkpoint.pt*"))
 
 
+class StopAtCall:
+    """An Event whose is_set() turns true at its n-th call: a stop that lands at an exact moment."""
+
+    def __init__(self, n):
+        self.calls, self.n = 0, n
+
+    def is_set(self):
+        self.calls += 1
+        return self.calls >= self.n
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_stop_at_any_moment_ends_with_a_final_checkpoint(tmp_path, n):
+    """The loop once checked the stop twice per update: set between the two checks, it ended the
+    loop without the final checkpoint (a launcher's stop after its swarm solved CartPole)."""
+    from gossiprl.rl import agent
+
+    cfg = agent.AgentConfig(total_frames=10_000, torch_threads=1, a2c=A2CConfig(num_envs=4))
+    summary = agent.train(cfg, tmp_path, rank=0, stop=StopAtCall(n))
+    saved = agent.load_checkpoint(tmp_path / "agent-0" / "checkpoint.pt")
+    assert 1 <= summary["updates"] < 10 and saved["counters"]["updates"] == summary["updates"]
+
+
 def test_resuming_with_another_env_is_refused_naming_both(tmp_path):
     from gossiprl.rl import agent
 
