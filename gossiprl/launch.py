@@ -581,12 +581,13 @@ def run(
                 for rank in sorted(failures.keys() - reported):
                     reported.add(rank)
                     echo(f"agent-{rank} failed: {failures[rank].strip()}")
+                    if broker is not None:  # release at once the locks that wait on it, whether or not we stop
+                        broker.declare_gone(rank)
                     if swarm.fail_fast:
                         stopped_by = f"agent-{rank} failed (--fail-fast)"
                         stop.set()
                     elif broker is not None and len(failures) + len(summaries) < swarm.agents:
                         echo(f"carrying on with the other agents; the topology is rewired around agent-{rank}")
-                        broker.declare_gone(rank)
         except KeyboardInterrupt:
             stopped_by = "interrupted"
             echo("\ninterrupted: stopping agents (they write a final checkpoint)")

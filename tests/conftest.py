@@ -26,7 +26,7 @@ def session_tmpdir(tmp_path_factory):
 
     The launcher and the benchmarks make gossiprl-* directories with tempfile; one left behind (a
     process killed -9 cannot clean up) then lands under pytest's base temp, which pytest prunes, not in
-    /tmp. Whatever is still there at the end is named in a warning. The path stays short
+    /tmp. no_process_left_behind names the test that left one. The path stays short
     (/tmp/pytest-of-USER/pytest-N/tmp0): ipc socket paths inside it must fit AF_UNIX's 107 bytes."""
     path = tmp_path_factory.mktemp("tmp", numbered=True)
     saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
@@ -38,14 +38,6 @@ def session_tmpdir(tmp_path_factory):
         del os.environ["TMPDIR"]
     else:
         os.environ["TMPDIR"] = saved_env
-    left = sorted(p.name for p in path.glob("gossiprl-*"))
-    if left:
-        warnings.warn(
-            pytest.PytestWarning(
-                f"the tests left {len(left)} gossiprl-* temp dir(s) behind in {path}: {', '.join(left)}"
-            ),
-            stacklevel=2,
-        )
 
 
 LONG_LIVED_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -72,14 +64,16 @@ def _process_tree(root: int) -> list[int]:
 
 
 @pytest.fixture(autouse=True)
-def no_process_left_behind():
-    """Kill what a test started and did not stop, and say so.
+def no_process_left_behind(session_tmpdir):
+    """Kill what a test started and did not stop, and name what it left, in a warning on that test.
 
     A test that fails between starting `gossiprl run` and stopping it would otherwise leave a
     launcher and its agents training for hours, slowing every later test on CI's two cores. A
     straggler gets 5 s to finish on its own (a broker closing, an agent writing its checkpoint);
-    one still alive then is killed with its children and named in a warning."""
+    one still alive then is killed with its children. A gossiprl-* temp dir the test's processes
+    left is named too: the launcher's own cleanup, even after kill -9, is a promise of the README."""
     before = set(_process_tree(os.getpid()))
+    dirs_before = set(session_tmpdir.glob("gossiprl-*"))
     yield
     deadline = time.monotonic() + 5
     while (left := [pid for pid in _process_tree(os.getpid()) if pid not in before]) and time.monotonic() < deadline:
@@ -92,4 +86,9 @@ def no_process_left_behind():
     if left:
         warnings.warn(
             pytest.PytestWarning(f"the test left {len(left)} process(es) running, now killed: {left}"), stacklevel=2
+        )
+    dirs = sorted(p.name for p in set(session_tmpdir.glob("gossiprl-*")) - dirs_before)
+    if dirs:
+        warnings.warn(
+            pytest.PytestWarning(f"the test left temp dir(s) in {session_tmpdir}: {', '.join(dirs)}"), stacklevel=2
         )

@@ -476,6 +476,8 @@ def test_kill_9_of_the_launcher_and_its_agents_leaves_no_segment(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        # Killed all at once, no process is left to remove the launcher's private dir: keep it in here.
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     try:
         wait_for(
