@@ -10,7 +10,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from gossiprl import Broker, GossipClient, mix, wire
+from gossiprl import Broker, GossipClient, mix
+from gossiprl.comms import wire
 
 MIB = 1 << 20
 

@@ -10,7 +10,8 @@ import zmq
 
 import topologies
 from brokers import gossip_rows
-from gossiprl import Broker, GossipClient, GossipError, GossipTimeout, mix, wire
+from gossiprl import Broker, GossipClient, GossipError, GossipTimeout, mix
+from gossiprl.comms import wire
 from helpers import in_thread
 
 

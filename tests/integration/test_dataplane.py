@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import topologies
-from gossiprl import Broker, GossipClient, keys, mix, wire
+from gossiprl import Broker, GossipClient, mix
+from gossiprl.comms import keys, wire
 from gossiprl.comms.dataplane import Segment, ShmReader
 from gossiprl.comms.wire import TensorSpec
 from helpers import invoke, wait_for

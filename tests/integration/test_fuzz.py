@@ -36,7 +36,8 @@ from brokers import (
     publish_frames,
     register,
 )
-from gossiprl import Broker, GossipClient, mix, wire
+from gossiprl import Broker, GossipClient, mix
+from gossiprl.comms import wire
 from gossiprl.comms.broker import MAX_HELLO_BYTES
 
 # Codes a broker answers with (PROTOCOL.md section 4), the keys of stats()["errors"]. What is no

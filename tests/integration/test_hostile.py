@@ -29,7 +29,8 @@ from brokers import (
     publish_frames,
     register,
 )
-from gossiprl import Broker, BrokerUnavailable, GossipClient, GossipError, keys, wire
+from gossiprl import Broker, BrokerUnavailable, GossipClient, GossipError
+from gossiprl.comms import keys, wire
 from helpers import free_port, in_thread, invoke
 
 RING2 = topologies.make("ring", 2)

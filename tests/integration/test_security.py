@@ -16,7 +16,8 @@ import pytest
 import zmq
 
 import topologies
-from gossiprl import Broker, BrokerUnavailable, GossipClient, keys, wire
+from gossiprl import Broker, BrokerUnavailable, GossipClient
+from gossiprl.comms import keys, wire
 from helpers import REPO_ROOT, invoke
 
 FAST = {"heartbeat": 0.2, "liveness": 2}  # a refused agent gives up after 0.4 s
