@@ -433,9 +433,10 @@ def bench_scale(hosts, rate, params, rounds, plot_path, quick, json_path):
         raise click.BadParameter(f"{hosts!r}: give comma-separated integers like 2,4,8", param_hint="--hosts") from None
     if not ns or any(h < 2 for h in ns):
         raise click.BadParameter("host counts must be >= 2", param_hint="--hosts")
-    if quick:
-        ns, params, rounds = [2, 4], 100_000, 5
-    result = bs.run(ns, numel=params, rounds=rounds, rate=rate, plot=plot_path, echo=click.echo)
+    deadline = 600.0
+    if quick:  # a smoke run: a ring that has not finished in a minute is stuck, and says where
+        ns, params, rounds, deadline = [2, 4], 100_000, 5, 60.0
+    result = bs.run(ns, numel=params, rounds=rounds, rate=rate, plot=plot_path, echo=click.echo, deadline_s=deadline)
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
 

@@ -135,7 +135,34 @@ def agent_main(address: str, rank: int, numel: int, rounds: int, warmup: int) ->
     print(json.dumps({"rank": rank, "times": times, "counts": counts}), flush=True)
 
 
-def measure(n: int, plane: str, numel: int, rounds: int, warmup: int, rate: str) -> dict:
+def _wait_for_agents(broker: subprocess.Popen, agents: list[subprocess.Popen], timeout: float) -> None:
+    """Wait until every agent has exited cleanly; raise at once, with its stderr, when one fails or
+    the broker stops, and after ``timeout`` with the stderr of every process still running.
+
+    Waiting on the agents one by one hid a crashed agent behind its neighbour, parked on the
+    crashed one's letter until its own 300 s turn-lock wait ran out."""
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in agents):
+        failed = [(f"agent-{r}", p) for r, p in enumerate(agents) if p.poll() not in (None, 0)]
+        if broker.poll() is not None:
+            failed.append(("the broker", broker))
+        if failed or time.monotonic() > deadline:
+            stuck = [(f"agent-{r}", p) for r, p in enumerate(agents) if p.poll() is None]
+            for _, p in [(None, broker), *stuck]:
+                if p.poll() is None:
+                    p.kill()
+            what = "failed" if failed else f"gave no result within {timeout:g}s"
+            report = "\n".join(
+                f"--- {name} (exit {p.wait()}):\n{p.communicate()[1][-2000:]}" for name, p in failed + stuck
+            )
+            raise RuntimeError(f"bench agents {what}:\n{report}")
+        time.sleep(0.1)
+    for r, p in enumerate(agents):
+        if p.returncode:
+            raise RuntimeError(f"a bench agent failed (agent-{r}):\n{p.communicate()[1][-2000:]}")
+
+
+def measure(n: int, plane: str, numel: int, rounds: int, warmup: int, rate: str, deadline_s: float = 600) -> dict:
     """The median slowest-agent round (seconds) of one ring of n hosts over one data plane."""
     net = Network(n, rate)
     broker = agents = None
@@ -162,11 +189,10 @@ def measure(n: int, plane: str, numel: int, rounds: int, warmup: int, rate: str)
             net.run(r, "-m", "gossiprl.bench.scale", "--agent", address, str(r), str(numel), str(rounds), str(warmup))
             for r in range(n)
         ]
+        _wait_for_agents(broker, agents, timeout=deadline_s)
         results = []
         for p in agents:
-            out, err = p.communicate(timeout=900)
-            if p.returncode:
-                raise RuntimeError(f"a bench agent failed:\n{err[-2000:]}")
+            out, _ = p.communicate()
             results.append(json.loads(out.strip().splitlines()[-1]))
         slowest = [max(ts) for ts in zip(*(r["times"] for r in results))]
         counts = {k: sum(r["counts"].get(k, 0) for r in results) for k in results[0]["counts"]}
@@ -188,8 +214,10 @@ def run(
     rate: str = "1gbit",
     plot: str | None = "scale.png",
     echo=print,
+    deadline_s: float = 600,
 ) -> dict:
-    """The scaling table (and plot); returns it as a dict, or {"skipped": why}."""
+    """The scaling table (and plot); returns it as a dict, or {"skipped": why}. ``deadline_s``
+    bounds each ring: past it the bench stops, naming the processes still running."""
     why = unavailable()
     if why:
         echo(f"skipped: {why}")
@@ -204,7 +232,7 @@ def run(
     for n in hosts:
         row = {"hosts": n}
         for plane in planes:
-            got = measure(n, plane, numel, rounds, warmup, rate)
+            got = measure(n, plane, numel, rounds, warmup, rate, deadline_s)
             row[plane] = got["round_s"] * 1e3
             row[f"{plane}_counts"] = got["counts"]
         table.append(row)

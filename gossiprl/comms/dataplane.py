@@ -200,20 +200,27 @@ def split_payload(buf, specs: Sequence[wire.TensorSpec]) -> dict[str, np.ndarray
     return out
 
 
+LATEST_SCANS = 3
+"""Scans of the slots an async reader makes before it settles for no letter this round."""
+
+
 def copy_whole(version_of, payload_of, slots: int, slot: int, version: int, latest: bool) -> bytearray | None:
     """Copy a letter out of its slot, then check the slot was not rewritten meanwhile (the seqlock).
 
     ``latest`` (async mode) takes the newest whole letter at least as new as ``version``: a reader
-    that fell behind gets its writer's freshest parameters rather than nothing. None: no such letter.
+    that fell behind gets its writer's freshest parameters rather than nothing. A writer that
+    rewrites its slots faster than one can be copied tears every copy of a scan, so the scan is
+    tried LATEST_SCANS times before giving up. None: no such letter.
     """
-    order = sorted(range(slots), key=version_of, reverse=True) if latest else [slot]
-    for s in order:
-        v = version_of(s)
-        if v % 2 or v < version or (not latest and v != version):
-            continue
-        data = bytearray(payload_of(s))
-        if version_of(s) == v:
-            return data
+    for _ in range(LATEST_SCANS if latest else 1):
+        order = sorted(range(slots), key=version_of, reverse=True) if latest else [slot]
+        for s in order:
+            v = version_of(s)
+            if v % 2 or v < version or (not latest and v != version):
+                continue
+            data = bytearray(payload_of(s))
+            if version_of(s) == v:
+                return data
     return None
 
 

@@ -365,6 +365,27 @@ def test_bench_rows_measure_every_path():
     assert table[0]["shm_over_gala"] > 0
 
 
+@pytest.mark.timeout(30)
+def test_bench_scale_names_a_crashed_agent_at_once_instead_of_waiting_on_its_neighbours():
+    from gossiprl.bench.scale import _wait_for_agents
+
+    def python(code):
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    broker = python("import time; time.sleep(60)")
+    parked = python("import time; time.sleep(60)")  # waits on its crashed neighbour's letter
+    crashed = python("import sys; sys.exit('boom: no route to the broker')")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"(?s)failed.*agent-1 \(exit 1\).*boom: no route"):
+        _wait_for_agents(broker, [parked, crashed], timeout=20)
+    assert time.monotonic() - started < 10
+    assert broker.poll() is not None and parked.poll() is not None  # killed, not left running
+
+    stuck = python("import time; time.sleep(60)")
+    with pytest.raises(RuntimeError, match=r"(?s)gave no result within 0.5s.*agent-0"):
+        _wait_for_agents(python("import time; time.sleep(60)"), [stuck], timeout=0.5)
+
+
 @pytest.mark.timeout(200)
 def test_bench_scale_quick(tmp_path):
     from gossiprl.bench import scale as bench_scale
