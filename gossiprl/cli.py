@@ -17,6 +17,7 @@ import click
 import topologies
 
 from . import config
+from .launch import return_target
 
 TOPOLOGY_HELP = f"{', '.join(topologies.NAMES)}, or a .npy/.csv file holding a row-stochastic matrix"
 
@@ -552,16 +553,10 @@ def check_env(env_id: str):
         raise click.BadParameter(str(err), param_hint="--env") from None
 
 
-def stop_target(value: str, threshold: float | None) -> float | None:
-    """--stop-at-return auto|none|X -> the mean return to stop at (auto: the env's threshold), or None."""
-    if value == "auto":
-        return threshold
-    if value == "none":
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: give a number, 'auto' or 'none'", param_hint="--stop-at-return") from None
+def stop_target(value: float | str | None, threshold: float | None) -> float | None:
+    """A parsed --stop-at-return (``launch.return_target``) -> the mean return to stop at: 'auto'
+    is the env's threshold."""
+    return threshold if value == "auto" else value
 
 
 def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
@@ -611,8 +606,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
         load_topology(
             swarm.topology, swarm.agents, swarm.peers, swarm.time_varying, swarm.peers_per_round, swarm.topology_options
         )
-    if swarm.stop_at_return == "auto":
-        swarm = replace(swarm, stop_at_return=threshold)
+    swarm = replace(swarm, stop_at_return=stop_target(swarm.stop_at_return, threshold))
     run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed)
     layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "plain A2C (no gossip)"
     click.echo(
@@ -740,6 +734,7 @@ def _interrupted_status(signum: int) -> int:
 )
 @click.option(
     "--stop-at-return",
+    type=config.Parsed(return_target, "RETURN|auto|none"),
     default="auto",
     show_default=True,
     help="Stop once THIS agent's last 100 episodes average this; 'auto': the env's reward threshold, 'none': never.",
