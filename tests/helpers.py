@@ -6,6 +6,7 @@ Importable as ``from helpers import ...`` because tox.ini's [pytest] puts tests/
 
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -69,3 +70,32 @@ def is_running(pid: int) -> bool:
     """Running: a zombie (exited, not yet reaped by its parent) does not count."""
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def start_endless_swarm(run_dir, *flags, **popen):
+    """`gossiprl run` of two agents, in a process of its own, with a budget it never reaches and no
+    stop on solving: the test stops it (a signal, kill -9). ``popen`` goes to subprocess.Popen."""
+    command = [
+        sys.executable,
+        "-m",
+        "gossiprl.cli",
+        "run",
+        "--agents",
+        "2",
+        "--total-frames",
+        "100000000",
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        "--stop-at-return",
+        "none",
+        *flags,
+    ]
+    return subprocess.Popen(command, **popen)
+
+
+def wait_until_training(run_dir, launcher, timeout, what="agents never started training"):
+    """Both agents of ``start_endless_swarm`` have logged a first row (and so built envs, joined the broker)."""
+    wait_for(
+        lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)), timeout, what, process=launcher
+    )

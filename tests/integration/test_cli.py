@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import child_pids, invoke, is_running, wait_for
+from helpers import child_pids, invoke, is_running, start_endless_swarm, wait_for, wait_until_training
 
 
 def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
@@ -136,32 +136,8 @@ def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(tmp_path):
 def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
     """Ctrl-C or a scheduler's SIGTERM: agents stop, checkpoint, and no process is left behind."""
     run_dir = tmp_path / "run"
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gossiprl.cli",
-            "run",
-            "--agents",
-            "2",
-            "--total-frames",
-            "100000000",
-            "--run-dir",
-            str(run_dir),
-            "--no-progress",
-            "--stop-at-return",
-            "none",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    wait_for(
-        lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)),
-        60,
-        "agents never started training",
-        process=launcher,
-    )
+    launcher = start_endless_swarm(run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_until_training(run_dir, launcher, 60)
     children = child_pids(launcher.pid)
     assert len(children) >= 2
     launcher.send_signal(sig)
@@ -183,31 +159,8 @@ def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
 def test_agents_stop_by_themselves_when_the_launcher_is_killed(tmp_path):
     """kill -9 on the launcher leaves no orphans: each agent checkpoints and exits."""
     run_dir = tmp_path / "run"
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gossiprl.cli",
-            "run",
-            "--agents",
-            "2",
-            "--total-frames",
-            "100000000",
-            "--run-dir",
-            str(run_dir),
-            "--no-progress",
-            "--stop-at-return",
-            "none",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_for(
-        lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)),
-        60,
-        "agents never started training",
-        process=launcher,
-    )
+    launcher = start_endless_swarm(run_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until_training(run_dir, launcher, 60)
     children = child_pids(launcher.pid)
     launcher.kill()
     launcher.wait()

@@ -23,7 +23,7 @@ from gossiprl import Broker, GossipClient, mix
 from gossiprl.comms import keys, wire
 from gossiprl.comms.dataplane import Segment, ShmReader
 from gossiprl.comms.wire import TensorSpec
-from helpers import invoke, wait_for
+from helpers import invoke, start_endless_swarm, wait_until_training
 
 PLANES = ["broker", "shm", "direct", "auto"]
 FAST = {"heartbeat": 0.1, "liveness": 10}
@@ -475,26 +475,12 @@ def test_writer_without_an_ack_sends_its_next_letter_through_the_broker():
 @pytest.mark.timeout(120)
 def test_kill_9_of_the_launcher_and_its_agents_leaves_no_segment(tmp_path):
     run_dir = tmp_path / "run"
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gossiprl.cli",
-            "run",
-            "--agents",
-            "2",
-            "--data-plane",
-            "shm",
-            "--total-frames",
-            "100000000",
-            "--log-every",
-            "5",
-            "--run-dir",
-            str(run_dir),
-            "--no-progress",
-            "--stop-at-return",
-            "none",
-        ],
+    launcher = start_endless_swarm(
+        run_dir,
+        "--data-plane",
+        "shm",
+        "--log-every",
+        "5",
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -502,12 +488,7 @@ def test_kill_9_of_the_launcher_and_its_agents_leaves_no_segment(tmp_path):
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     try:
-        wait_for(
-            lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in range(2)),
-            90,
-            "the swarm never started",
-            process=launcher,
-        )
+        wait_until_training(run_dir, launcher, 90, "the swarm never started")
         assert _segments_left(), "the swarm runs without any segment: this test would prove nothing"
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)

@@ -15,7 +15,7 @@ import topologies
 from gossiprl.comms import keys
 from gossiprl.comms.broker import Broker
 from gossiprl.comms.client import GossipClient
-from helpers import child_pids, invoke, is_running
+from helpers import child_pids, invoke, is_running, start_endless_swarm, wait_until_training
 
 
 @pytest.mark.timeout(120)
@@ -274,33 +274,16 @@ def test_a_killed_launcher_leaves_no_private_dir_and_no_leaked_semaphore(tmp_pat
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     run_dir = tmp_path / "run"
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gossiprl.cli",
-            "run",
-            "--agents",
-            "2",
-            "--total-frames",
-            "100000000",
-            "--transport",
-            transport,
-            "--run-dir",
-            str(run_dir),
-            "--no-progress",
-            "--stop-at-return",
-            "none",
-        ],
+    launcher = start_endless_swarm(
+        run_dir,
+        "--transport",
+        transport,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "TMPDIR": str(tmpdir)},
     )
-    deadline = time.monotonic() + 90
-    while not all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in (0, 1)):
-        assert time.monotonic() < deadline and launcher.poll() is None, "agents never started training"
-        time.sleep(0.2)
+    wait_until_training(run_dir, launcher, 90)
     assert [p.name for p in tmpdir.iterdir() if p.name.startswith("gossiprl-")], "the launcher made no private dir"
     children = child_pids(launcher.pid)
     launcher.kill()
