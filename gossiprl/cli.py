@@ -444,11 +444,11 @@ def bench_scale(hosts, rate, params, rounds, plot_path, quick, json_path):
 
 BENCH_TRAIN_SETTINGS = config.Settings(
     "bench train",
-    config.settings_of("agent", only=("env_id", "num_envs", "device")),
-    config.settings_of("swarm", only=("agents", "topology", "mode", "codec", "data_plane")),
-    defaults={"env_id": "ALE/Pong-v5", "agents": 2},
+    config.settings_of("agent", only=("env_id", "device")),
+    config.settings_of("swarm", only=("data_plane",)),
+    defaults={"env_id": "MinAtar/Breakout-v1", "device": "cpu"},
 )
-"""The benchmark measures what the papers train, an Atari game, on the smallest swarm that gossips."""
+"""The benchmark's env defaults to MinAtar Breakout, the CPU stand-in for the papers' Atari games."""
 
 
 @bench.command("train")
@@ -456,29 +456,43 @@ BENCH_TRAIN_SETTINGS = config.Settings(
 @click.option(
     "--seconds",
     type=click.FloatRange(min=1),
-    default=60,
+    default=30,
     show_default=True,
-    help="How long the swarm trains (the ceiling is measured for up to 20 s).",
+    help="Seconds each row trains after its warm-up (the raw env is timed for up to 10 s).",
 )
+@click.option(
+    "--agents",
+    "agent_counts",
+    default="2,4",
+    show_default=True,
+    help="Comma-separated ring sizes for the swarm rows.",
+)
+@click.option("--quick", is_flag=True, help="1 s per row and a ring of 2 only: a smoke test of every row.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
 @click.pass_context
-def bench_train(ctx, seconds, json_path, **_):
-    """Training frames/s of a swarm next to the raw vector env's rate for the same env count."""
+def bench_train(ctx, seconds, agent_counts, quick, json_path, **_):
+    """Frames/s of the agent loop next to its limits, every row in one run: the raw env, a minimal
+    A2C loop, one agent (idle host and one core busy), and rings with blocking, overlapped and
+    async gossip, with each row's time split."""
     require_rl("bench train")
     from . import launch
     from .bench import train as bt
-    from .rl.settings import AgentConfig
 
     values = BENCH_TRAIN_SETTINGS.resolve(ctx)
     check_device(values["device"])
     check_env(values["env_id"])
     try:
-        result = bt.run(
-            BENCH_TRAIN_SETTINGS.build(launch.SwarmConfig, values),
-            BENCH_TRAIN_SETTINGS.build(AgentConfig, values),
-            seconds,
-            echo=click.echo,
+        counts = tuple(int(n) for n in agent_counts.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 2:
+        raise click.BadParameter(
+            f"{agent_counts!r}: give ring sizes >= 2 separated by commas, e.g. 2,4", param_hint="--agents"
         )
+    if quick:
+        seconds, counts = 1.0, (2,)
+    try:
+        result = bt.run(values["env_id"], seconds, counts, values["data_plane"], values["device"], echo=click.echo)
     except launch.RunError as err:
         raise click.ClickException(str(err)) from None
     if json_path:
@@ -613,6 +627,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
         f"{swarm.agents} agent(s) on {cfg.env_id}, {layout}; run dir {run_dir}"
         + (f"; stops at mean return {swarm.stop_at_return}" if swarm.stop_at_return is not None else "")
     )
+    click.echo(threads_line(replace(cfg, agents_per_host=swarm.agents), gossips=swarm.topology is not None))
     if metrics_port is not None:
         require_prometheus()
     if track:
@@ -642,6 +657,22 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
         sys.exit(1)
     if summary["stopped_by"] == "interrupted":
         sys.exit(_interrupted_status(_signals_received[0] if _signals_received else signal.SIGINT))
+
+
+def threads_line(cfg, gossips: bool) -> str:
+    """The run header's line on how each agent uses the host: its threads, and whether gossip waits."""
+    from .rl.settings import thread_plan
+
+    plan = thread_plan(cfg)
+    why = "--torch-threads N sets both" if cfg.torch_threads else "the default: --torch-threads N sets both"
+    line = f"each agent: {plan['torch']} torch thread(s), {plan['env']} env thread(s) ({why})"
+    if gossips:
+        line += (
+            "; gossip overlapped with training, letters mixed one update later (--no-gossip-overlap waits)"
+            if cfg.gossip_overlap
+            else "; gossip blocking, every update waits for its in-peers' letters (--no-gossip-overlap)"
+        )
+    return line
 
 
 def _returns_line(summary: dict) -> str:

@@ -359,7 +359,12 @@ def _agent_process(
                 takeover=resume,
                 curve=curve,
             )
-            gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
+            gossip = Gossip(
+                client,
+                aggregate=agent_cfg.aggregate,
+                deviation_bound=agent_cfg.deviation_bound,
+                overlap=agent_cfg.gossip_overlap,
+            )
         summary = train(
             agent_cfg,
             run_dir,
@@ -772,9 +777,14 @@ def run_agent(
         cores = os.cpu_count() or 1
         echo(
             f"agent-{rank}: the broker is on this host, so its {sharing} agents may share this host's {cores} "
-            f"core(s): {max(1, cores // sharing)} torch thread(s) each; pass --agents-per-host N to size it yourself"
+            f"core(s): {max(1, cores // sharing)} env thread(s) each; pass --agents-per-host N to size it yourself"
         )
-    gossip = Gossip(client, aggregate=agent_cfg.aggregate, deviation_bound=agent_cfg.deviation_bound)
+    gossip = Gossip(
+        client,
+        aggregate=agent_cfg.aggregate,
+        deviation_bound=agent_cfg.deviation_bound,
+        overlap=agent_cfg.gossip_overlap,
+    )
     try:
         return train(
             agent_cfg,

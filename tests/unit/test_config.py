@@ -36,12 +36,16 @@ def squash(text: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "command,settings",
-    [(["run"], cli.RUN_SETTINGS), (["agent"], cli.AGENT_SETTINGS), (["bench", "train"], cli.BENCH_TRAIN_SETTINGS)],
+    "command,settings,at_least",
+    [
+        (["run"], cli.RUN_SETTINGS, 5),
+        (["agent"], cli.AGENT_SETTINGS, 5),
+        (["bench", "train"], cli.BENCH_TRAIN_SETTINGS, 3),  # env, device, data plane: the rows fix the rest
+    ],
 )
-def test_help_shows_every_fields_docstring_and_default(command, settings):
+def test_help_shows_every_fields_docstring_and_default(command, settings, at_least):
     shown = squash(invoke(*command, "--help").output)
-    assert len(settings.by_name) >= 5
+    assert len(settings.by_name) >= at_least
     for name, setting in settings.by_name.items():
         assert squash(setting.help) in shown, name
         default = settings.defaults.get(name, setting.default)
