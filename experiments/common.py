@@ -47,6 +47,10 @@ REAL_ENV = "MinAtar/Breakout-v1"
 CURVE_ROWS = 40
 """Rows of metrics.csv per agent: enough points for a curve, few enough to keep results small."""
 
+LOOP_VERSION = 2
+"""The agent loop's defaults cells were run under: 2 since the MinAtar entropy bonus, the shared
+initial network and overlapped gossip (a cell of version 1 ran the old ones and is not reused)."""
+
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 """Two-sided 95 % Student-t quantiles by degrees of freedom (1.96 beyond)."""
 
@@ -63,6 +67,8 @@ class Cell:
     """None: independent agents (no gossip), each a plain A2C run with the seed its rank would have."""
     a2c: A2CConfig = field(default_factory=A2CConfig)
     gossip_every: int = 1
+    agent: dict = field(default_factory=dict)
+    """AgentConfig fields set for this cell (e.g. gossip_overlap, shared_init), beside a2c's."""
     labels: dict = field(default_factory=dict)
     """Extra columns for the table (topology, mode, staleness, ...)."""
     runner: Callable[[Cell, AgentConfig, Path], tuple[list[dict], float]] | None = None
@@ -147,6 +153,8 @@ def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
         "gossip_every": cell.gossip_every,
         "runner": cell.runner.__name__ if cell.runner else None,
     }
+    if cell.agent or LOOP_VERSION > 1:  # cells run before the loop changed keep their fingerprints
+        what.update(agent=cell.agent, loop=LOOP_VERSION)
     return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -189,6 +197,7 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         checkpoint_every=10**9,
         agents_per_host=cell.agents,
         device="cpu",
+        **cell.agent,
     )
     start = time.perf_counter()
     if cell.swarm is None:

@@ -12,15 +12,19 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from gossiprl.rl.envs import is_atari, is_minatar
 from gossiprl.rl.settings import A2CConfig
 
 
-def resolve_defaults(cfg: A2CConfig, atari: bool) -> A2CConfig:
-    """Fill the settings whose default depends on the kind of env (None in A2CConfig)."""
+def resolve_defaults(cfg: A2CConfig, env_id: str) -> A2CConfig:
+    """Fill the settings whose default depends on the kind of env (None in A2CConfig): the
+    entropy bonus is the papers' 0.01 on Atari and MinAtar games and 0 on control tasks, rewards
+    are clipped on Atari only."""
+    games = is_atari(env_id) or is_minatar(env_id)
     return replace(
         cfg,
-        clip_rewards=atari if cfg.clip_rewards is None else cfg.clip_rewards,
-        entropy_coef=(0.01 if atari else 0.0) if cfg.entropy_coef is None else cfg.entropy_coef,
+        clip_rewards=is_atari(env_id) if cfg.clip_rewards is None else cfg.clip_rewards,
+        entropy_coef=(0.01 if games else 0.0) if cfg.entropy_coef is None else cfg.entropy_coef,
     )
 
 

@@ -26,7 +26,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from gossiprl.rl.a2c import Rollout, make_optimizer, resolve_defaults, update
-from gossiprl.rl.envs import is_atari, make_env
+from gossiprl.rl.envs import make_env
 from gossiprl.rl.models import flatten_parameters, make_model
 from gossiprl.rl.settings import AgentConfig, thread_plan
 
@@ -107,11 +107,10 @@ def train(
     # Seeding: the update count is mixed in so a resumed run draws new episodes and actions
     # instead of replaying the ones it started with.
     rng = np.random.default_rng([cfg.seed + rank, counters["updates"]])
-    torch.manual_seed(int(rng.integers(2**31)))
     threads = thread_plan(cfg)
     torch.set_num_threads(threads["torch"])
     device = pick_device(cfg.device, rank)
-    a2c = resolve_defaults(cfg.a2c, is_atari(cfg.env_id))
+    a2c = resolve_defaults(cfg.a2c, cfg.env_id)
 
     envs = make_env(
         cfg.env_id,
@@ -120,7 +119,12 @@ def train(
         sticky_actions=cfg.sticky_actions,
         num_threads=threads["env"],
     )
+    # The network's initial weights: one draw for the whole swarm (GALA starts every agent from the
+    # same parameters, so the first mixes average networks that agree instead of unrelated ones),
+    # or the agent's own with shared_init off. Its actions always come from its own stream.
+    torch.manual_seed(cfg.seed if cfg.shared_init else int(rng.integers(2**31)))
     model = make_model(envs.observation_space, envs.action_space).to(device)
+    torch.manual_seed(int(rng.integers(2**31)))
     flat_params = flatten_parameters(model)
     optimizer = make_optimizer(model, a2c)
     if checkpoint:

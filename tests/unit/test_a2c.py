@@ -346,13 +346,16 @@ def test_vector_obs_get_the_mlp_and_continuous_actions_are_refused():
         make_model(box, gym.spaces.Box(-1.0, 1.0, (1,), np.float32))
 
 
-def test_env_dependent_defaults_follow_the_papers_on_atari_only():
+def test_env_dependent_defaults_follow_the_papers_on_games_only():
     from gossiprl.rl.a2c import resolve_defaults
 
-    atari, other = resolve_defaults(A2CConfig(), atari=True), resolve_defaults(A2CConfig(), atari=False)
+    atari = resolve_defaults(A2CConfig(), "ALE/Pong-v5")
+    minatar = resolve_defaults(A2CConfig(), "MinAtar/Breakout-v1")
+    other = resolve_defaults(A2CConfig(), "CartPole-v1")
     assert (atari.entropy_coef, atari.clip_rewards) == (0.01, True)
+    assert (minatar.entropy_coef, minatar.clip_rewards) == (0.01, False)
     assert (other.entropy_coef, other.clip_rewards) == (0.0, False)
-    given = resolve_defaults(A2CConfig(entropy_coef=0.05, clip_rewards=False), atari=True)
+    given = resolve_defaults(A2CConfig(entropy_coef=0.05, clip_rewards=False), "ALE/Pong-v5")
     assert (given.entropy_coef, given.clip_rewards) == (0.05, False)
 
 
