@@ -42,6 +42,9 @@ class GossipHook(Protocol):
         """Overwrite flat_params with the in-peers' mean (an agent rejoining with no checkpoint);
         return how many peers it came from."""
 
+    # Optional: flush(flat_params), called once after the last update if the hook has it, mixes
+    # what is still in flight (Gossip with overlap=True); a Protocol cannot mark a method optional.
+
 
 METRIC_COLUMNS = [
     "frames",
