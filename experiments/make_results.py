@@ -17,11 +17,20 @@ import platform
 from pathlib import Path
 
 import click
+import numpy as np
 
 from experiments.common import aggregate, cell_key, load_rows
 from experiments.study import METRICS, RESULTS, finish, planned_cells
 
-STUDIES = ["ordering_ablation", "topology_ablation", "scaling", "batch_period", "layout"]
+STUDIES = [
+    "swarm_learning",
+    "swarm_vs_one",
+    "ordering_ablation",
+    "topology_ablation",
+    "scaling",
+    "batch_period",
+    "layout",
+]
 
 NOTES = {
     "scaling": "Every agent gets cores // agents torch threads (the launcher's default), so the single A2C "
@@ -39,6 +48,17 @@ NOTES = {
 }
 
 PAPER = {
+    "swarm_learning": (
+        "GALA and PALA: gossiping A2C agents learn at least as much per agent step as one A2C agent "
+        "(PALA Fig. 6, Table 1).",
+        "ring of 4, new defaults",
+        ["1 agent, new defaults", "ring of 4, old defaults", "ring of 4, new defaults, blocking"],
+    ),
+    "swarm_vs_one": (
+        "GALA and PALA: gossiping A2C agents learn at least as much per agent step as one A2C agent.",
+        "ring of 4",
+        ["1 agent"],
+    ),
     "ordering_ablation": (
         "PALA's claim: ordered (sync, turn-locked) gossip learns better than unordered async gossip "
         "and than independent agents at equal time.",
@@ -106,10 +126,14 @@ def study_section(name: str, results: Path) -> list[str]:
         if not (out / "cells" / f"{cell_key(c.setting, c.seed)}.json").exists()
     ]
     lines = [f"## {meta['title']}", "", f"**Question.** {meta['question'][0].upper()}{meta['question'][1:]}", ""]
+    budget = (
+        "frames for each agent (a ring of 4 trains 4x as many in all)"
+        if meta.get("frames_per_agent")
+        else "frames per cell for the whole swarm (split evenly over its agents)"
+    )
     lines += [
-        f"**Setup.** `{meta['command'].strip()}` — {meta['env']}, {meta['frames_per_cell']:,} frames per cell for the "
-        f"whole swarm (split evenly over its agents), seeds {', '.join(map(str, meta['seeds']))}; "
-        f"{len(rows)} of {len(cells)} cells finished."
+        f"**Setup.** `{meta['command'].strip()}` — {meta['env']}, {meta['frames_per_cell']:,} {budget}, "
+        f"seeds {', '.join(map(str, meta['seeds']))}; {len(rows)} of {len(cells)} cells finished."
     ]
     if missing:
         lines += ["", f"**Missing cells** (not finished before the deadline): {', '.join(missing)}."]
@@ -148,8 +172,37 @@ def study_section(name: str, results: Path) -> list[str]:
     ]
     if name in NOTES:
         lines += [f"**Note.** {NOTES[name]}", ""]
-    lines += ["**What the data says.**", ""] + findings(name, table, t_equal) + time_split_lines(rows, settings) + [""]
-    return lines
+    lines += ["**What the data says.**", ""] + findings(name, table, t_equal) + time_split_lines(rows, settings)
+    if meta.get("frames_per_agent"):
+        lines += iqm_lines(rows, settings)
+    return lines + [""]
+
+
+def iqm(values: np.ndarray) -> float:
+    """Interquartile mean: the mean of the middle half, robust to one lucky or unlucky run."""
+    ordered = np.sort(values)
+    cut = len(ordered) // 4
+    return float(ordered[cut : len(ordered) - cut].mean())
+
+
+def iqm_lines(rows: list[dict], settings: list[str], resamples: int = 5000) -> list[str]:
+    """IQM of every agent's own last-100 score per setting, with a 95 % bootstrap interval over
+    seeds (whole seeds are resampled, so the agents of one swarm, which are not independent of
+    each other, stay together)."""
+    rng = np.random.default_rng(0)
+    parts = []
+    for setting in settings:
+        by_seed = [np.asarray(r["per_agent_last100"], dtype=float) for r in rows if r["setting"] == setting]
+        if not by_seed:
+            continue
+        point = iqm(np.concatenate(by_seed))
+        draws = [
+            iqm(np.concatenate([by_seed[i] for i in rng.integers(0, len(by_seed), len(by_seed))]))
+            for _ in range(resamples)
+        ]
+        low, high = np.percentile(draws, [2.5, 97.5])
+        parts.append(f"{setting} {point:.2f} [{low:.2f}, {high:.2f}]")
+    return [f"- IQM of every agent's own last-100 score, 95 % bootstrap interval over seeds: {'; '.join(parts)}."]
 
 
 def time_split_lines(rows: list[dict], settings: list[str]) -> list[str]:

@@ -58,6 +58,8 @@ class Study:
     time_split: bool = False
     quick_settings: int | None = None
     """In --quick, keep only the first this many settings (the suite runs every study's --quick)."""
+    frames_per_agent: bool = False
+    """--frames is each agent's budget (a swarm of n trains n times as many), not the whole swarm's."""
 
 
 def command(study: Study) -> click.Command:
@@ -68,7 +70,8 @@ def command(study: Study) -> click.Command:
         "--frames",
         type=click.IntRange(min=1),
         default=None,
-        help=f"Frames per cell for the whole swarm [default: {study.real_frames:,}; --quick: {study.quick_frames:,}].",
+        help=f"Frames per cell {'for each agent' if study.frames_per_agent else 'for the whole swarm'} "
+        f"[default: {study.real_frames:,}; --quick: {study.quick_frames:,}].",
     )
     @click.option("--env", "env_id", default=None, help=f"[default: {REAL_ENV}; --quick: {QUICK_ENV}]")
     @click.option(
@@ -112,6 +115,7 @@ def command(study: Study) -> click.Command:
                     "env": env_id,
                     "threshold": threshold,
                     "frames_per_cell": frames,
+                    "frames_per_agent": study.frames_per_agent,
                     "seeds": seed_list,
                     "settings": settings,
                     "quick": quick,

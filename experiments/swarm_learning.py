@@ -67,6 +67,7 @@ STUDY = Study(
     build,
     real_frames=250_000,
     quick_frames=4_000,
+    frames_per_agent=True,
     quick_settings=2,
 )
 main = command(STUDY)

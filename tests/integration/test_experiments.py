@@ -6,13 +6,22 @@ and the independent agents) run once: seven real CartPole cells in all, one seed
 study's netns cell only where root can make network namespaces)."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 from click.testing import CliRunner
 
-from experiments import batch_period, layout, make_results, ordering_ablation, scaling, topology_ablation
+from experiments import (
+    batch_period,
+    layout,
+    make_results,
+    ordering_ablation,
+    scaling,
+    swarm_vs_one,
+    topology_ablation,
+)
 from experiments.common import ci95, swarm_curve
 
 FRAMES = "8000"
@@ -69,6 +78,14 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
     layouts = {json.loads(p.read_text())["layout"] for p in (results / "layout" / "cells").glob("*.json")}
     assert layouts == ({"one host"} if layout.netns_unavailable() else {"one host", "netns"})
 
+    run_quick(swarm_vs_one, results / "swarm_vs_one")
+    per_agent = {
+        json.loads(p.read_text())["agents"]: json.loads(p.read_text())
+        for p in (results / "swarm_vs_one" / "cells").glob("*.json")
+    }
+    # --frames is per agent there: the ring of 4 trains 4x the single agent's frames
+    assert per_agent[4]["frames"] >= 4 * (int(FRAMES) - 80) > per_agent[1]["frames"] >= int(FRAMES) - 80
+
     output = results / "RESULTS.md"
     result = CliRunner().invoke(
         make_results.main, ["--results", str(results), "--output", str(output)], catch_exceptions=False
@@ -81,8 +98,11 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
         "Agent-count scaling",
         "Batch size and gossip period",
         "Layout: one host vs network-namespace hosts",
+        "A ring of 4 against one agent",
     ):
         assert f"## {title}" in text
+    assert "frames for each agent (a ring of 4 trains 4x as many in all)" in text
+    assert re.search(r"IQM of every agent's own last-100 score.*: 1 agent [\d.]+ \[[\d.]+, [\d.]+\]; ring of 4", text)
     assert "Missing cells" not in text  # --quick plans exactly the cells it ran
     assert "untestable (one seed, no interval)" in text and "**agrees**" not in text
 

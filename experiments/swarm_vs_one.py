@@ -1,0 +1,42 @@
+"""One agent against a ring of 4 with `gossiprl run`'s defaults, at equal frames per agent.
+
+The check experiments/swarm_learning's diagnosis leads to: with the defaults as they are now, does
+each agent of a ring of 4 learn at least as much per frame as one agent alone? ``--frames`` is per
+agent (the ring trains 4x as many in all). Scores are each agent's own last-100 mean; summary.csv
+has their mean with a Student-t interval over seeds, and RESULTS.md the interquartile mean of all
+agents' scores with a bootstrap interval.
+
+    python -m experiments.swarm_vs_one --frames 1000000 --seeds 1,2,3,4,5
+    python -m experiments.swarm_vs_one --quick
+"""
+
+from __future__ import annotations
+
+from experiments.common import Cell
+from experiments.study import Study, command
+from gossiprl.launch import SwarmConfig
+
+SETTINGS = {"1 agent": 1, "ring of 4": 4}
+
+
+def build(quick: bool, frames_per_agent: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:
+    cells = []
+    for setting, agents in SETTINGS.items():
+        swarm = SwarmConfig(agents=agents, topology="ring" if agents > 1 else None)
+        cells += [Cell(setting, seed, agents, frames_per_agent * agents, swarm) for seed in seeds]
+    return cells, list(SETTINGS)
+
+
+STUDY = Study(
+    "swarm_vs_one",
+    "A ring of 4 against one agent",
+    "with gossiprl run's defaults, does each agent of a ring of 4 learn at least as much per frame as one agent?",
+    build,
+    real_frames=1_000_000,
+    quick_frames=4_000,
+    frames_per_agent=True,
+)
+main = command(STUDY)
+
+if __name__ == "__main__":
+    main()
