@@ -47,9 +47,10 @@ REAL_ENV = "MinAtar/Breakout-v1"
 CURVE_ROWS = 40
 """Rows of metrics.csv per agent: enough points for a curve, few enough to keep results small."""
 
-LOOP_VERSION = 2
+LOOP_VERSION = 3
 """The agent loop's defaults cells were run under: 2 since the MinAtar entropy bonus, the shared
-initial network and overlapped gossip (a cell of version 1 ran the old ones and is not reused)."""
+initial network and overlapped gossip, 3 since overlapped gossip publishes the parameters before
+its mix (a cell of an earlier version is not reused for a later one)."""
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 """Two-sided 95 % Student-t quantiles by degrees of freedom (1.96 beyond)."""

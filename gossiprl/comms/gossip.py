@@ -357,10 +357,10 @@ class Gossip:
     parameters, waits for the in-peers' letters of the same round and mixes them in before it
     returns; the learner sits idle while they travel.
 
-    Overlapped (``overlap=True``, the default of ``gossiprl run``): ``exchange`` mixes in the
-    letters of the *previous* round, which travelled while the learner rolled out and updated,
-    then hands a copy of the mixed parameters to a thread of its own that publishes it and
-    collects the next round's letters. The learner waits only when an in-peer is more than one
+    Overlapped (``overlap=True``, the default of ``gossiprl run``): ``exchange`` copies the
+    parameters the update left, mixes in the letters of the *previous* round, which travelled
+    while the learner rolled out and updated, then hands the copy to a thread of its own that
+    publishes it and collects the next round's letters. The learner waits only when an in-peer is more than one
     round behind. Every letter is still mixed exactly once, in round order, and the turn locks
     still hold on every edge (a letter is read before the next is written), so the delay is
     one round, bounded: the condition of docs/algorithm.md's convergence argument. ``flush``
@@ -418,8 +418,12 @@ class Gossip:
             return self._mix(params, collected, time.perf_counter() - t0)
         t0 = time.perf_counter()
         collected = self._in_flight.result() if self._in_flight is not None else (None, self.client.round)
-        stats = self._mix(params, collected, time.perf_counter() - t0)
+        wait_s = time.perf_counter() - t0
+        # The letter is our parameters as the update left them, copied before the mix (as PALA sends
+        # x_i and GALA writes its message before aggregating): a letter carrying the mix would hand
+        # each in-peer back a share of its own stale parameters next round and drag it backwards.
         self._outbox = copy_of(params, into=self._outbox)
+        stats = self._mix(params, collected, wait_s)
         self._in_flight = self._thread.submit(self._round, self._outbox)
         return stats
 

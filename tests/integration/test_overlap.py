@@ -50,9 +50,8 @@ def _expected(steps, overlap: bool) -> dict[int, list[float]]:
     for k in range(ROUNDS):
         x = [x[i] + steps[i][k] for i in (0, 1)]
         if overlap:
-            letters = sent
+            letters, sent = sent, list(x)  # published as the update left it, before the mix
             x = [x[i] if letters[1 - i] is None else (x[i] + letters[1 - i]) / 2 for i in (0, 1)]
-            sent = list(x)  # published after mixing the previous round's letter
         else:
             x = [(x[0] + x[1]) / 2] * 2
         for i in (0, 1):
