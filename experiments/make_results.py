@@ -33,9 +33,14 @@ STUDIES = [
 ]
 
 NOTES = {
-    "scaling": "Every agent gets cores // agents torch threads (the launcher's default), so the single A2C "
-    "agent runs 2 intra-op threads and each agent of a swarm 1; on cores other jobs also load, "
-    "those 2 threads wait on each other, which is part of what the time split shows.",
+    "scaling": "**Per-second comparisons here are void.** These cells ran when every agent got cores // agents "
+    "torch threads, so the single A2C agent ran 2 intra-op threads on cores other jobs also loaded, and "
+    "such an agent collapses (`gossiprl bench train`'s row 'one agent, one core busy, old threads': 0.29x "
+    "the minimal loop under the same load, against 0.85x with one thread): its 556 frames/s, and every "
+    "'swarm beats one agent per second' reading, come from that. Agents now take one torch thread; the "
+    "per-frame columns stand.",
+    "swarm_learning": "The cells of each setting ran one seed after another, all settings per seed, on the "
+    "shared 2-core VM; wall-clock figures are confounded by that and are not the point of this study.",
     "layout": "The spread layout runs the agents as `gossiprl agent` commands in network namespaces (as "
     "tests/integration/test_netns.py does): a broker host and two agent hosts with 2 agents each, every link "
     "shaped with tc to 1 Gbit/s; the same two cores serve all of them.",
