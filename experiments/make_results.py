@@ -56,8 +56,12 @@ PAPER = {
     "swarm_learning": (
         "GALA and PALA: gossiping A2C agents learn at least as much per agent step as one A2C agent "
         "(PALA Fig. 6, Table 1).",
-        "ring of 4, new defaults",
-        ["1 agent, new defaults", "ring of 4, old defaults", "ring of 4, new defaults, blocking"],
+        "ring of 4, entropy 0.01, shared init, blocking",
+        [
+            "1 agent, entropy 0.01",
+            "ring of 4, old defaults (entropy 0, own inits, blocking)",
+            "ring of 4, entropy 0.01, shared init, overlapped",
+        ],
     ),
     "swarm_vs_one": (
         "GALA and PALA: gossiping A2C agents learn at least as much per agent step as one A2C agent.",
@@ -201,12 +205,16 @@ def iqm_lines(rows: list[dict], settings: list[str], resamples: int = 5000) -> l
         if not by_seed:
             continue
         point = iqm(np.concatenate(by_seed))
+        n = f"{len(by_seed)} seed(s), {sum(len(v) for v in by_seed)} agents"
+        if len(by_seed) < 3:
+            parts.append(f"{setting} {point:.2f} ({n}; too few seeds for an interval)")
+            continue
         draws = [
             iqm(np.concatenate([by_seed[i] for i in rng.integers(0, len(by_seed), len(by_seed))]))
             for _ in range(resamples)
         ]
         low, high = np.percentile(draws, [2.5, 97.5])
-        parts.append(f"{setting} {point:.2f} [{low:.2f}, {high:.2f}]")
+        parts.append(f"{setting} {point:.2f} [{low:.2f}, {high:.2f}] ({n})")
     return [f"- IQM of every agent's own last-100 score, 95 % bootstrap interval over seeds: {'; '.join(parts)}."]
 
 

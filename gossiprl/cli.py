@@ -668,9 +668,9 @@ def threads_line(cfg, gossips: bool) -> str:
     line = f"each agent: {plan['torch']} torch thread(s), {plan['env']} env thread(s) ({why})"
     if gossips:
         line += (
-            "; gossip overlapped with training, letters mixed one update later (--no-gossip-overlap waits)"
+            "; gossip overlapped with training, letters mixed one update later (--gossip-overlap)"
             if cfg.gossip_overlap
-            else "; gossip blocking, every update waits for its in-peers' letters (--no-gossip-overlap)"
+            else "; gossip blocking, every update waits for its in-peers' letters (--gossip-overlap overlaps)"
         )
     return line
 

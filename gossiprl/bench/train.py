@@ -72,7 +72,7 @@ def busy_core():
         spinner.wait()
 
 
-def swarm_row(swarm, agent_cfg, seconds: float, echo) -> dict:
+def swarm_row(swarm, agent_cfg, seconds: float) -> dict:
     """One real `gossiprl run` cut off after ``seconds`` of training; its steady-state figures."""
     from .. import launch
 
@@ -122,18 +122,18 @@ def run(
     add("raw vector env, random actions", raw_ceiling(env_id, num_envs, min(seconds, 10.0), threads=1))
     add("minimal A2C loop", lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
     one = SwarmConfig(agents=1, topology=None)
-    add("one agent, default flags", **swarm_row(one, agent_cfg, seconds, echo))
+    add("one agent, default flags", **swarm_row(one, agent_cfg, seconds))
     with busy_core():
         add("minimal A2C loop, one core busy", lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
-        add("one agent, one core busy", **swarm_row(one, agent_cfg, seconds, echo))
+        add("one agent, one core busy", **swarm_row(one, agent_cfg, seconds))
         every_core = replace(agent_cfg, torch_threads=os.cpu_count() or 1)
-        add("one agent, one core busy, old threads", **swarm_row(one, every_core, seconds, echo))
+        add("one agent, one core busy, old threads", **swarm_row(one, every_core, seconds))
     for n in agent_counts:
         for mode, overlap in SWARM_LAYOUTS:
             swarm = SwarmConfig(agents=n, topology="ring", mode=mode, data_plane=data_plane)
             cfg = replace(agent_cfg, gossip_overlap=overlap)
             name = f"ring of {n}, {mode}, {'overlapped' if overlap else 'blocking'}"
-            add(name, **swarm_row(swarm, cfg, seconds, echo))
+            add(name, **swarm_row(swarm, cfg, seconds))
     return {"env": env_id, "cores": os.cpu_count(), "data_plane": data_plane, "seconds": seconds, "rows": rows}
 
 
@@ -141,13 +141,17 @@ def _format(row: dict, rows: list[dict]) -> str:
     """A table line: the rate, its ratio to the one-agent row (or, under load, to the minimal
     loop under the same load), and where the agents' time went."""
     by_name = {r["row"]: r["fps"] for r in rows}
+
+    def ratio(baseline: str) -> str:
+        return f"{row['fps'] / by_name[baseline]:5.2f}x" if by_name[baseline] > 0 else "  n/a"
+
     line = f"  {row['row']:<38} {row['fps']:10,.0f} frames/s"
     if row["row"] == "one agent, default flags":
-        line += f"  {row['fps'] / by_name['minimal A2C loop']:5.2f}x minimal loop"
+        line += f"  {ratio('minimal A2C loop')} minimal loop"
     elif row["row"].startswith("one agent, one core busy"):
-        line += f"  {row['fps'] / by_name['minimal A2C loop, one core busy']:5.2f}x minimal loop under the same load"
+        line += f"  {ratio('minimal A2C loop, one core busy')} minimal loop under the same load"
     elif row["row"].startswith("ring"):
-        line += f"  {row['fps'] / by_name['one agent, default flags']:5.2f}x one agent"
+        line += f"  {ratio('one agent, default flags')} one agent"
     if not row["steady"]:
         line += "  (never finished its warm-up: rate over the whole run)"
     if row["shares"]:

@@ -357,14 +357,15 @@ class Gossip:
     parameters, waits for the in-peers' letters of the same round and mixes them in before it
     returns; the learner sits idle while they travel.
 
-    Overlapped (``overlap=True``, the default of ``gossiprl run``): ``exchange`` copies the
+    Overlapped (``overlap=True``, ``gossiprl run --gossip-overlap``): ``exchange`` copies the
     parameters the update left, mixes in the letters of the *previous* round, which travelled
     while the learner rolled out and updated, then hands the copy to a thread of its own that
     publishes it and collects the next round's letters. The learner waits only when an in-peer is more than one
     round behind. Every letter is still mixed exactly once, in round order, and the turn locks
     still hold on every edge (a letter is read before the next is written), so the delay is
-    one round, bounded: the condition of docs/algorithm.md's convergence argument. ``flush``
-    mixes the last round in flight after the final update.
+    one round, bounded: the condition of docs/algorithm.md's convergence argument. The stale mix
+    advances the swarm's mean by only 2 / (2 - p_ii) of each update, which is why it is not the
+    default (docs/algorithm.md). ``flush`` mixes the last round in flight after the final update.
 
     If the broker is unreachable the agent keeps training on its own. Finding that out costs
     the client's liveness window, so after a failure gossip is not tried again for ``backoff``
@@ -417,7 +418,7 @@ class Gossip:
             collected = self._round(params)
             return self._mix(params, collected, time.perf_counter() - t0)
         t0 = time.perf_counter()
-        collected = self._in_flight.result() if self._in_flight is not None else (None, self.client.round)
+        collected = self._take_in_flight() or (None, self.client.round)
         wait_s = time.perf_counter() - t0
         # The letter is our parameters as the update left them, copied before the mix (as PALA sends
         # x_i and GALA writes its message before aggregating): a letter carrying the mix would hand
@@ -430,11 +431,15 @@ class Gossip:
     def flush(self, params: Any) -> dict[str, float] | None:
         """Mix in the round still in flight (overlapped mode; None when there is none). Called
         once after the last update, so the final parameters hold every letter received."""
-        if self._in_flight is None:
-            return None
         t0 = time.perf_counter()
-        collected, self._in_flight = self._in_flight.result(), None
-        return self._mix(params, collected, time.perf_counter() - t0)
+        collected = self._take_in_flight()
+        return None if collected is None else self._mix(params, collected, time.perf_counter() - t0)
+
+    def _take_in_flight(self) -> tuple[dict[int, dict] | None, int] | None:
+        """The round in flight's result, waiting for it; None when none is in flight. A round that
+        failed raises here once, and the next exchange starts afresh."""
+        in_flight, self._in_flight = self._in_flight, None
+        return None if in_flight is None else in_flight.result()
 
     def _round(self, params: Any) -> tuple[dict[int, dict] | None, int]:
         """Publish ``params`` and collect this round's letters (None while the broker is unreachable),
@@ -490,6 +495,8 @@ class Gossip:
         a fresh initialisation mixed in would set its neighbours back. Returns how many
         letters were averaged (0: nothing usable came, ``params`` are left as they were).
         """
+        if self._in_flight is not None:
+            raise RuntimeError("adopt() while a gossip round is in flight: call it before the first exchange")
         msgs = self.client.collect()
         weights = {self.client.rank: 0.0, **{j: 1.0 for j in msgs}}  # mix renormalises over the usable ones
         return mix({self.name: params}, msgs, weights, self.client.rank, check_finite=self.check_finite).peers

@@ -155,6 +155,7 @@ def train(
     timing = {"rollout": 0.0, "learn": 0.0, "gossip": 0.0, "gossip_wait": 0.0, "mix": 0.0}
     steady = None  # (clock, frames, timing) once WARMUP_UPDATES are done: start-up and the peers' arrival left out
     start = time.perf_counter()
+    last_update_end = start
     start_frames = frames
     last_log_time, last_log_frames = start, frames
     returns_since_log: list[float] = []
@@ -198,6 +199,7 @@ def train(
         timing["gossip"] += t3 - t2
         if updates - counters["updates"] == WARMUP_UPDATES:
             steady = (t3, frames, dict(timing))
+        last_update_end = t3
 
         for episode_return, _ in envs.pop_episodes():
             recent_returns.append(episode_return)
@@ -210,8 +212,16 @@ def train(
             and float(np.mean(recent_returns)) >= cfg.stop_at_return
         )
         finished = solved or frames >= cfg.total_frames or (stop is not None and stop.is_set())
+        if finished and gossip is not None and hasattr(gossip, "flush"):
+            # the letters still in flight, so the final log row and checkpoint below hold them
+            gossip_stats = {k: float(v) for k, v in (gossip.flush(flat_params) or gossip_stats).items()}
 
         if updates % cfg.log_every == 0 or finished:
+            if not bool(torch.isfinite(flat_params).all()):
+                raise FloatingPointError(
+                    f"agent-{rank}: parameters became NaN or infinite by update {updates}; the learner "
+                    "diverged: lower --lr or --max-grad-norm, or resume from an earlier checkpoint"
+                )
             now = time.perf_counter()
             row = {
                 "frames": frames,
@@ -226,8 +236,6 @@ def train(
             log.write(row, {f"timing/{k}_s": v for k, v in timing.items()})
             last_log_time, last_log_frames = now, frames
             returns_since_log = []
-        if finished and gossip is not None and hasattr(gossip, "flush"):
-            gossip.flush(flat_params)  # the letters still in flight, so the checkpoint below holds them
         if updates % cfg.checkpoint_every == 0 or finished:
             save_checkpoint(
                 checkpoint_path,
@@ -270,17 +278,17 @@ def train(
         "updates": updates,
         **{f"{k}_share": v / max(wall, 1e-9) for k, v in timing.items()},
         **{f"{k}_s": v for k, v in timing.items()},
-        **steady_figures(steady, frames, timing),
+        **steady_figures(steady, last_update_end, frames, timing),
     }
 
 
-def steady_figures(steady, frames: int, timing: dict[str, float]) -> dict[str, float]:
-    """Frames/s and time shares after the warm-up (``steady_fps``, ``steady_<part>_share``); empty
-    when training ended before the warm-up did."""
+def steady_figures(steady, until: float, frames: int, timing: dict[str, float]) -> dict[str, float]:
+    """Frames/s and time shares from the end of the warm-up to ``until``, the end of the last
+    update (``steady_fps``, ``steady_<part>_share``); empty when training ended before the warm-up did."""
     if steady is None:
         return {}
     since, frames_then, timing_then = steady
-    wall = max(time.perf_counter() - since, 1e-9)
+    wall = max(until - since, 1e-9)
     return {
         "steady_fps": (frames - frames_then) / wall,
         **{f"steady_{k}_share": (v - timing_then[k]) / wall for k, v in timing.items()},

@@ -102,7 +102,9 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
     ):
         assert f"## {title}" in text
     assert "frames for each agent (a ring of 4 trains 4x as many in all)" in text
-    assert re.search(r"IQM of every agent's own last-100 score.*: 1 agent [\d.]+ \[[\d.]+, [\d.]+\]; ring of 4", text)
+    assert re.search(
+        r"IQM of every agent's own last-100 score.*: 1 agent [\d.]+ \(1 seed\(s\), 1 agents; too few", text
+    )
     assert "Missing cells" not in text  # --quick plans exactly the cells it ran
     assert "untestable (one seed, no interval)" in text and "**agrees**" not in text
 

@@ -106,4 +106,4 @@ def test_overlapped_gossip_absorbs_jitter_that_blocking_gossip_waits_out():
         broker.close()
     blocking, overlapped = (waits[(0, o)] + waits[(1, o)] for o in (False, True))
     assert blocking > 0.6, waits  # 5 rounds x 0.2 s idle, on one side or the other
-    assert overlapped < 0.15, waits
+    assert overlapped < blocking / 4, waits
