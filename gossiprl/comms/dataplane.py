@@ -7,8 +7,12 @@ readers in DELIVER, as opaque as it handles payloads. PROTOCOL.md section 10 is 
 - Each writer owns a :class:`Segment`: an anonymous shared-memory file (``memfd_create``) with
   ``SLOTS`` slots, each stamped with a seqlock version. Nothing is ever named in /dev/shm, so no
   crash of any process can leak a segment: the kernel frees it when the last process holding the
-  file or a mapping of it exits. A reader on the same host maps it through
-  ``/proc/<writer pid>/fd/<fd>`` once and reads the tensors straight from it.
+  file or a mapping of it exits. The file is sealed against resizing before it is announced: a
+  mapping of a file that shrinks kills its reader with SIGBUS, so a reader maps only a sealed
+  segment whose header agrees with its size and the letter's schema. A reader on the same host
+  maps it through ``/proc/<writer pid>/fd/<fd>`` once and copies each letter out of it before
+  anything checks or mixes it: a writer's memory is the writer's to change, so what was checked
+  must be what is mixed.
 - ``direct``: the writer also serves its slots on a ZeroMQ ROUTER of its own (a
   :class:`LetterServer` thread); a reader on another host fetches them (:class:`Fetcher`), with
   CURVE when the swarm uses it.
@@ -28,6 +32,7 @@ into the slot.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import itertools
 import logging
@@ -59,6 +64,9 @@ HEADER_BYTES = 64
 """Segment header: magic (8 bytes), token (16), slots (u64), slot_bytes (u64), pid (u64), zero padding."""
 SLOT_HEADER_BYTES = 64
 """Slot header: version (u64; odd while being written), round (i64), zero padding."""
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+"""The seals a segment carries before it is announced: its size is fixed for good, so no mapping
+of it can ever reach past its end (a shrunk file kills whoever reads the lost pages with SIGBUS)."""
 FETCH, LETTER = "FETCH", "LETTER"
 _DTYPES = {
     "float16": np.float16,
@@ -137,8 +145,9 @@ class Segment:
         self.specs = specs
         self.offsets, self.slot_bytes = layout(specs)
         size = HEADER_BYTES + SLOTS * (SLOT_HEADER_BYTES + self.slot_bytes)
-        self.fd = os.memfd_create(f"gossiprl-{os.getpid()}", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(f"gossiprl-{os.getpid()}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, size)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS)
         self.map = mmap.mmap(self.fd, size)
         head = np.frombuffer(self.map, np.uint8, HEADER_BYTES)
         head[:8] = np.frombuffer(MAGIC, np.uint8)
@@ -224,44 +233,77 @@ def copy_whole(version_of, payload_of, slots: int, slot: int, version: int, late
     return None
 
 
+class SegmentRefused(OSError):
+    """A reference names something that is not a whole, sealed segment fitting the letter's schema."""
+
+
+class TornLetter(Exception):
+    """A sync-mode letter whose slot changed while it was copied: a writer that broke its promise."""
+
+
 class ShmReader:
-    """Maps writers' segments (once each) and reads letters out of them, checking the seqlock."""
+    """Maps writers' segments (once each) and copies letters out of them, checking the seqlock.
+
+    Everything in a segment was written by another process, possibly a hostile one: the seals,
+    size and header are checked before the first byte is mapped, and letters are handed out as
+    copies, so a writer that rewrites its slot while we mix changes nothing we checked.
+    """
 
     def __init__(self):
-        self._maps: dict[tuple[int, str], mmap.mmap] = {}
+        self._maps: dict[tuple[int, str], tuple[mmap.mmap, int]] = {}
+        self._copies: dict[tuple[int, str], bytearray] = {}
 
-    def _map(self, ref: Mapping) -> mmap.mmap:
+    def _map(self, ref: Mapping) -> tuple[mmap.mmap, int]:
+        """The segment (mapped read-only) and its slot payload size, checked against its file."""
         key = (ref["pid"], ref["token"])
-        seg = self._maps.get(key)
-        if seg is None:
-            # Non-blocking, and regular files only: a reference naming a pipe must not hang the reader.
-            fd = os.open(f"/proc/{int(ref['pid'])}/fd/{int(ref['fd'])}", os.O_RDONLY | os.O_NONBLOCK)
+        if key in self._maps:
+            return self._maps[key]
+        # Non-blocking, and regular files only: a reference naming a pipe must not hang the reader.
+        fd = os.open(f"/proc/{int(ref['pid'])}/fd/{int(ref['fd'])}", os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SegmentRefused("the descriptor does not name a shared-memory segment")
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_size < HEADER_BYTES:
-                    raise OSError("the descriptor does not name a shared-memory segment")
-                seg = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
-            finally:
-                os.close(fd)
-            if seg[:8] != MAGIC or seg[8:24].hex() != ref["token"]:
-                seg.close()
-                raise OSError("the descriptor names a file that is not that writer's segment")
-            for old in [k for k in self._maps if k[0] == key[0] or not os.path.exists(f"/proc/{k[0]}")]:
-                _unmap(self._maps.pop(old))  # that process's previous segment, or a dead writer's
-            self._maps[key] = seg
-        return seg
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            except OSError:  # a file that cannot be sealed at all
+                seals = 0
+            if seals & SEALS != SEALS:
+                raise SegmentRefused("the segment is not sealed against resizing (F_SEAL_SHRINK, GROW, SEAL)")
+            size = os.fstat(fd).st_size  # fixed for good now: read after the seals
+            if size < HEADER_BYTES:
+                raise SegmentRefused(f"the segment has {size} bytes, less than its {HEADER_BYTES}-byte header")
+            seg = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        slots, slot_bytes, pid = (int(v) for v in np.frombuffer(seg, np.uint64, 3, 24))
+        why = None
+        if seg[:8] != MAGIC or seg[8:24].hex() != ref["token"]:
+            why = "the descriptor names a file that is not that writer's segment"
+        elif slots != SLOTS or pid != ref["pid"] or slot_bytes % ALIGN:
+            why = f"the segment header says {slots} slots of {slot_bytes} bytes for pid {pid}"
+        elif size != HEADER_BYTES + SLOTS * (SLOT_HEADER_BYTES + slot_bytes):
+            why = f"the segment has {size} bytes, not the {SLOTS} slots of {slot_bytes} bytes its header claims"
+        if why is not None:
+            seg.close()
+            raise SegmentRefused(why)
+        for old in [k for k in self._maps if k[0] == key[0] or not os.path.exists(f"/proc/{k[0]}")]:
+            self._maps.pop(old)[0].close()  # that process's previous segment, or a dead writer's
+            self._copies.pop(old, None)
+        self._maps[key] = (seg, slot_bytes)
+        return seg, slot_bytes
 
-    def read(self, ref: Mapping, specs: Sequence[wire.TensorSpec], copy: bool) -> dict[str, np.ndarray] | None:
-        """The letter, or None when the slot no longer holds it (overwritten: a stale reference).
+    def read(self, ref: Mapping, specs: Sequence[wire.TensorSpec], latest: bool) -> dict[str, np.ndarray] | None:
+        """A private copy of the letter, or None when the slot no longer holds it (a stale reference).
 
-        ``copy=False`` (sync mode) hands back views into the writer's memory, valid until this
-        reader collects again; ``copy=True`` (async mode) copies the newest whole letter (see
-        ``copy_whole``) and checks the version after the copy.
+        ``latest=False`` (sync mode) copies exactly the referenced version, into a buffer kept per
+        writer and valid until this reader collects again (a fresh one per letter cost more than
+        the mix itself: page faults), and raises TornLetter if the version changed during the copy;
+        ``latest=True`` (async mode) copies the newest whole letter (see ``copy_whole``).
         """
-        seg = self._map(ref)
-        slots, slot_bytes = (int(v) for v in np.frombuffer(seg, np.uint64, 2, 24))
-        slot = int(ref["slot"])
-        if not 0 <= slot < slots or layout(specs)[1] > slot_bytes:
-            raise OSError("the descriptor does not fit the writer's segment")
+        seg, slot_bytes = self._map(ref)
+        slot = ref["slot"]
+        if type(slot) is not int or not 0 <= slot < SLOTS or layout(specs)[1] != slot_bytes:
+            raise SegmentRefused("the reference does not fit the writer's segment and the letter's schema")
 
         def start(s):
             return HEADER_BYTES + s * (SLOT_HEADER_BYTES + slot_bytes)
@@ -272,32 +314,24 @@ class ShmReader:
         def payload_of(s):
             return memoryview(seg)[start(s) + SLOT_HEADER_BYTES : start(s) + SLOT_HEADER_BYTES + slot_bytes]
 
-        if copy:
-            data = copy_whole(version_of, payload_of, slots, slot, int(ref["version"]), latest=True)
+        if latest:
+            data = copy_whole(version_of, payload_of, SLOTS, slot, int(ref["version"]), latest=True)
             return None if data is None else split_payload(data, specs)
-        return split_payload(payload_of(slot), specs) if version_of(slot) == ref["version"] else None
-
-    def intact(self, ref: Mapping) -> bool:
-        """Whether the slot still holds the letter ``ref`` names (checked after a sync-mode mix)."""
-        seg = self._maps.get((ref["pid"], ref["token"]))
-        if seg is None:
-            return True
-        slot_bytes = int(np.frombuffer(seg, np.uint64, 1, 32)[0])
-        start = HEADER_BYTES + int(ref["slot"]) * (SLOT_HEADER_BYTES + slot_bytes)
-        return int(np.frombuffer(seg, np.int64, 1, start)[0]) == ref["version"]
+        if version_of(slot) != ref["version"]:
+            return None
+        buf = self._copies.get(key := (ref["pid"], ref["token"]))
+        if buf is None:
+            buf = self._copies[key] = bytearray(slot_bytes)
+        memoryview(buf)[:] = payload_of(slot)
+        if version_of(slot) != ref["version"]:
+            raise TornLetter(f"slot {slot} of writer pid {ref['pid']} changed while it was copied")
+        return split_payload(buf, specs)
 
     def close(self) -> None:
-        for seg in self._maps.values():
-            _unmap(seg)
+        for seg, _ in self._maps.values():
+            seg.close()
         self._maps.clear()
-
-
-def _unmap(seg: mmap.mmap) -> None:
-    """Unmap now, or, while letters read in place still point into it, when the last of them goes."""
-    try:
-        seg.close()
-    except BufferError:
-        pass
+        self._copies.clear()
 
 
 # ------------------------------------------------------------------ direct: serving and fetching letters
@@ -521,7 +555,7 @@ class AgentPlane:
     was dropped: ``overwritten`` (a stale reference), ``unreachable`` (its edge then falls back to
     the relay), ``slow`` (a writer that connected but did not answer in time), ``writer-gone``
     (its process died before we mapped its segment) and
-    ``torn`` (a sync-mode letter changed under a mix: a broken promise, never expected).
+    ``torn`` (a sync-mode letter changed while it was copied: a broken promise, never expected).
     """
 
     def __init__(self, plane: str, broker_address: str, mode: str, curve=None, fetch_timeout: float = 3.0):
@@ -545,7 +579,6 @@ class AgentPlane:
         """Whether the last letter written into the segment was ACKed (PROTOCOL.md 10.3, Writing)."""
         self.unreachable: set[int] = set()
         self._to_report: set[int] = set()
-        self._reading: list[dict] = []
         self.counts = {
             k: 0
             for k in (
@@ -584,16 +617,7 @@ class AgentPlane:
         return {"round": round, "tensors": [s.to_wire() for s in specs], "ref": ref}, frames
 
     def collect_fields(self) -> dict:
-        """Tell the broker (once) which writers we cannot reach, so it relays their letters to us.
-
-        Called just before a COLLECT leaves, which is where the letters read in place stop being
-        guaranteed: so that is where they are checked for having stayed whole.
-        """
-        for ref in self._reading:
-            if not self.reader.intact(ref):
-                self.counts["torn"] += 1
-                log.error("a sync-mode letter was overwritten while it was mixed (writer pid %s)", ref.get("pid"))
-        self._reading = []
+        """Tell the broker (once) which writers we cannot reach, so it relays their letters to us."""
         if not self._to_report:
             return {}
         fields, self._to_report = {"unreachable": sorted(self._to_report)}, set()
@@ -616,8 +640,13 @@ class AgentPlane:
             fetchable = isinstance(ref.get("endpoint"), str) and ref["endpoint"].startswith("tcp://")
             if self.plane != "direct" and ref.get("host") == self.host:
                 try:
-                    got = self.reader.read(ref, letter["specs"], copy=self.mode != "sync")
-                except (OSError, KeyError, TypeError, ValueError):
+                    got = self.reader.read(ref, letter["specs"], latest=self.mode != "sync")
+                except TornLetter as err:
+                    self.counts["torn"] += 1
+                    log.error("dropped a letter: %s", err)
+                    continue
+                except (OSError, KeyError, TypeError, ValueError) as err:
+                    log.warning("cannot map the segment of rank %d: %s", rank, err)
                     got = False
                 if got is None:
                     self.counts["overwritten"] += 1
@@ -630,8 +659,6 @@ class AgentPlane:
                 else:
                     self.counts["shm"] += 1
                     out[rank] = got
-                    if self.mode == "sync":
-                        self._reading.append(ref)
             elif fetchable:
                 remote[rank] = (ref, letter["specs"])
             else:

@@ -1,0 +1,157 @@
+"""The attacks of hostile review round 3 (issue 19) on the data planes, through real sockets and memfds.
+
+A peer's segment, its letter server and its references are written by another process: each test
+here is one way a hostile peer (or a careless one) tried to stop or poison an honest agent, and
+checks that the honest agent refused it, counted it and went on gossiping.
+"""
+
+import fcntl
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import topologies
+from gossiprl import Broker, GossipClient, mix
+from gossiprl.comms import dataplane
+from gossiprl.comms.dataplane import HEADER_BYTES, MAGIC, SEALS, AgentPlane, Segment, ShmReader, host_id
+from gossiprl.comms.wire import Message, TensorSpec
+
+FAST = {"heartbeat": 0.1, "liveness": 10}
+RING2 = topologies.make("ring", 2)
+
+
+def _both(clients, tensors):
+    """One exchange of every client at once (a sync ring needs them all); their letters by rank."""
+    got = {}
+
+    def agent(r):
+        got[r] = clients[r].exchange(tensors[r])
+
+    threads = [threading.Thread(target=agent, args=(r,)) for r in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert len(got) == len(clients), "an exchange hung"
+    return got
+
+
+# ---------------------------------------------------------------- A. shared memory
+
+
+def test_a_segment_is_sealed_against_resizing_before_it_is_announced():
+    """A1: an unsealed segment could be shrunk under its readers."""
+    seg = Segment()
+    seg.write({"x": np.ones(16, np.float32)}, 0)
+    try:
+        assert fcntl.fcntl(seg.fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+        with pytest.raises(PermissionError):
+            os.ftruncate(seg.fd, HEADER_BYTES)
+    finally:
+        seg.close()
+
+
+READER = """
+import json, sys, numpy as np
+from gossiprl import GossipClient
+c = GossipClient(sys.argv[1], 1, timeout=10, heartbeat=0.1, liveness=10)
+letters = c.exchange({"x": np.zeros(1 << 16, np.float32)})
+print("collected", flush=True)
+sys.stdin.readline()  # the writer shrinks its segment now
+total = sum(float(v["x"].sum()) for v in letters.values())
+print(json.dumps({"ranks": sorted(letters), "total": total, "counts": c.plane_counts}), flush=True)
+c.close()
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_writer_that_shrinks_its_segment_cannot_kill_its_reader(monkeypatch):
+    """A1: a writer that truncated its memfd after announcing it killed every reader with SIGBUS (exit -7)."""
+    monkeypatch.setattr(dataplane, "SEALS", 0, raising=False)  # the hostile writer (this process) seals nothing
+    with Broker(RING2, data_plane="shm").start() as broker:
+        reader = subprocess.Popen(
+            [sys.executable, "-c", READER, broker.address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            with GossipClient(broker.address, 0, timeout=10, **FAST) as writer:
+                writer.exchange({"x": np.ones(1 << 16, np.float32)})
+                assert reader.stdout.readline().strip() == "collected"
+                os.ftruncate(writer._plane.segment.fd, HEADER_BYTES)
+                out, _ = reader.communicate("go\n", timeout=20)
+        finally:
+            if reader.poll() is None:
+                reader.kill()
+    assert reader.returncode == 0, f"the reader died (exit {reader.returncode})"
+    report = json.loads(out.splitlines()[-1])
+    assert report["ranks"] == [] and report["counts"]["shm"] == 0, report
+    assert report["counts"]["unreachable"] == 1, report
+
+
+def _forged(slots, slot_bytes, size, seal=True):
+    """A memfd dressed as a segment whose header says what the caller likes; returns (fd, its reference)."""
+    fd = os.memfd_create("gossiprl-forged", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    token = os.urandom(16)
+    os.pwrite(fd, MAGIC + token + struct.pack("<QQQ", slots, slot_bytes, os.getpid()), 0)
+    if seal:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+    ref = {"pid": os.getpid(), "fd": fd, "token": token.hex(), "slot": 0, "version": 2, "host": host_id()}
+    return fd, ref
+
+
+SPECS = [TensorSpec("x", "float32", (16,), 64, "float32")]
+WHOLE = HEADER_BYTES + 3 * (64 + 64)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "slots,slot_bytes,size,seal,why",
+    [
+        (1 << 62, 64, WHOLE, True, "slots"),
+        (3, 1 << 40, WHOLE, True, "slots of"),
+        (3, 128, HEADER_BYTES + 3 * (64 + 128), True, "schema"),
+        (3, 64, WHOLE + 4096, True, "bytes, not"),
+        (3, 64, WHOLE, False, "not sealed"),
+    ],
+)
+def test_a_forged_segment_header_is_refused_before_any_memory_is_touched(slots, slot_bytes, size, seal, why):
+    """A2: a slot count of 2**62 made a reader allocate until MemoryError."""
+    fd, ref = _forged(slots, slot_bytes, size, seal)
+    reader = ShmReader()
+    try:
+        for latest in (True, False):
+            with pytest.raises(OSError, match=why):
+                reader.read(ref, SPECS, latest=latest)
+        plane = AgentPlane("shm", "tcp://127.0.0.1:1", "async")
+        msg = Message("DELIVER", {"messages": [{"rank": 1, "ref": ref, "specs": SPECS}]})
+        assert plane.receive(msg) == {} and plane.counts["unreachable"] == 1
+        plane.close()
+    finally:
+        reader.close()
+        os.close(fd)
+
+
+@pytest.mark.timeout(20)
+def test_a_writer_that_rewrites_its_slot_after_the_check_cannot_poison_a_mix():
+    """A3: letters were views into the writer's memory, so what mix checked was not what it mixed;
+    NaN written between the two reached an honest agent, which then died refusing to publish it."""
+    with Broker(RING2, data_plane="shm").start() as broker:
+        clients = [GossipClient(broker.address, r, timeout=10, **FAST) for r in (0, 1)]
+        try:
+            x = np.full(1 << 12, 2.0, np.float32)
+            letters = _both(clients, [{"x": np.ones(1 << 12, np.float32)}, {"x": x}])[1]
+            segment = clients[0]._plane.segment
+            np.frombuffer(segment.payload((segment.letters - 1) % 3), np.float32)[:] = np.nan  # version unchanged
+            assert np.isfinite(letters[0]["x"]).all(), "the letter changed under its reader"
+            mix({"x": x}, letters, clients[1].last_weights, 1)
+            assert np.isfinite(x).all() and np.allclose(x, 1.5)
+            _both(clients, [{"x": np.ones(1 << 12, np.float32)}, {"x": x}])  # the honest agent publishes on
+        finally:
+            for c in clients:
+                c.close()
