@@ -99,6 +99,8 @@ class GossipClient:
         self.broker: str | None = None
         """The broker's instance id, from WELCOME: a reply with another id means it restarted."""
         self.max_payload: int | None = None
+        self._max_header = wire.MAX_HEADER_BYTES
+        """The largest reply header read: a DELIVER carries one schema (under 1 MiB) per letter."""
         self.check_finite = check_finite
         self._takeover = takeover
         self.last_rounds: dict[int, int] = {}
@@ -152,6 +154,7 @@ class GossipClient:
         self.round = max(self.round, welcome["round"])
         self.broker = welcome.get("broker")
         self.max_payload = welcome.get("max_payload")
+        self._max_header = wire.MAX_HEADER_BYTES * (self.topology.n + 1)  # n - 1 letters, weights, envelope
         self._set_plane(welcome.get("data_plane", "broker"), restarted=previous not in (None, self.broker))
 
     def _set_plane(self, plane: str, restarted: bool) -> None:
@@ -330,7 +333,7 @@ class GossipClient:
                     pass
                 continue
             try:
-                msg = wire.decode(self._sock.recv_multipart(copy=False))
+                msg = wire.decode(self._sock.recv_multipart(copy=False), max_header=self._max_header)
             except wire.WireError:
                 self._reset()
                 raise

@@ -554,7 +554,8 @@ class AgentPlane:
     or fetched from the writer's server. ``counts`` says which path each letter took and what
     was dropped: ``overwritten`` (a stale reference), ``unreachable`` (its edge then falls back to
     the relay), ``slow`` (a writer that connected but did not answer in time), ``writer-gone``
-    (its process died before we mapped its segment) and
+    (its process died before we mapped its segment), ``refused`` (a DELIVER entry whose reference
+    or schema breaks PROTOCOL.md: that letter alone is dropped) and
     ``torn`` (a sync-mode letter changed while it was copied: a broken promise, never expected).
     """
 
@@ -590,6 +591,7 @@ class AgentPlane:
                 "slow",
                 "writer-gone",
                 "torn",
+                "refused",
                 "sent-inline",
             )
         }
@@ -631,13 +633,22 @@ class AgentPlane:
         out, remote = {}, {}
         for letter in deliver["messages"]:
             ref, rank = letter.get("ref"), letter["rank"]
+            if "refused" in letter:
+                self.counts["refused"] += 1
+                log.warning("dropped the letter of rank %d: %s", rank, letter["refused"])
+                continue
             if not isinstance(ref, dict) or letter.get("relayed"):
                 self.counts["relay"] += 1
                 continue
             if rank in self.unreachable:
                 self.counts["unreachable"] += 1
                 continue
-            fetchable = isinstance(ref.get("endpoint"), str) and ref["endpoint"].startswith("tcp://")
+            fetchable = (
+                isinstance(ref.get("endpoint"), str)
+                and ref["endpoint"].startswith("tcp://")
+                and type(ref.get("slot")) is int
+                and type(ref.get("version")) is int
+            )
             if self.plane != "direct" and ref.get("host") == self.host:
                 try:
                     got = self.reader.read(ref, letter["specs"], latest=self.mode != "sync")

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import topologies
+from brokers import MIB, ask, assert_error, dealer, head, register
 from gossiprl import Broker, GossipClient, mix
-from gossiprl.comms import dataplane
+from gossiprl.comms import dataplane, wire
 from gossiprl.comms.dataplane import HEADER_BYTES, MAGIC, SEALS, AgentPlane, Segment, ShmReader, host_id
 from gossiprl.comms.wire import Message, TensorSpec
 
@@ -152,6 +153,65 @@ def test_a_writer_that_rewrites_its_slot_after_the_check_cannot_poison_a_mix():
             mix({"x": x}, letters, clients[1].last_weights, 1)
             assert np.isfinite(x).all() and np.allclose(x, 1.5)
             _both(clients, [{"x": np.ones(1 << 12, np.float32)}, {"x": x}])  # the honest agent publishes on
+        finally:
+            for c in clients:
+                c.close()
+
+
+# ---------------------------------------------------------------- B. letters and the broker
+
+
+@pytest.mark.timeout(20)
+def test_a_huge_reference_is_refused_at_publish_and_the_readers_go_on():
+    """B4: a registered peer's ref just under 1 MiB was copied into every reader's DELIVER, which then
+    passed the 1 MiB header limit, and the WireError ended every reader's training."""
+    spec = {"name": "x", "dtype": "float32", "shape": [4], "nbytes": 16}
+    with Broker(topologies.make("full", 3), data_plane="shm").start() as broker:
+        sock = dealer(broker)
+        register(sock, rank=0)
+        for ref in ({"slot": 0, "pad": "x" * (MIB - 4096)}, {f"k{i}": i for i in range(17)}, {"slot": [0]}):
+            reply = ask(sock, [head("PUBLISH", seq=7, round=0, tensors=[spec], ref=ref)])
+            assert_error(reply, "bad-message", seq=7, words=("'ref' must be a map of at most 16 fields",))
+        assert broker.stats()["agents"][0]["publishes"] == 0
+        clients = [GossipClient(broker.address, r, timeout=10, **FAST) for r in (1, 2)]
+        try:
+            assert ask(sock, [head("PUBLISH", seq=8, round=0, tensors=[spec], ref={"slot": 0})]).cmd == "ACK"
+            got = _both(clients, [{"x": np.ones(4, np.float32)}] * 2)
+            assert sorted(got[0]) == [2] and sorted(got[1]) == [1], "the honest agents stopped gossiping"
+        finally:
+            for c in clients:
+                c.close()
+            sock.close(linger=0)
+
+
+def test_a_deliver_entry_with_a_bad_reference_drops_that_letter_alone():
+    """B4: one bad entry made the whole DELIVER unreadable, and its reader's training ended."""
+    spec = {"name": "x", "dtype": "float32", "shape": [4], "nbytes": 16}
+    bad = {"rank": 1, "round": 0, "tensors": [spec], "ref": ["not", "a", "map"], "relayed": False}
+    good = {"rank": 2, "round": 0, "tensors": [spec]}
+    frames = wire.encode(wire.DELIVER, {"seq": 1, "round": 0, "messages": [bad, good], "weights": [[0, 1.0]]})
+    msg = wire.decode([*frames, np.ones(4, np.float32).tobytes()])
+    assert list(wire.deliveries(msg)) == [2]
+    plane = AgentPlane("shm", "tcp://127.0.0.1:1", "sync")
+    try:
+        assert plane.receive(msg) == {} and plane.counts["refused"] == 1 and plane.unreachable == set()
+    finally:
+        plane.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("plane", ["broker", "shm"])
+def test_an_honest_swarm_with_many_tensors_completes_its_exchanges(plane):
+    """B4: 13 agents with many tensors never completed one exchange (a 1,272,514-byte DELIVER header
+    against a 1 MiB limit); two in-peers whose schemas are 600 KB each show the same wall."""
+    n, names = 3, [f"{k:04d}".ljust(wire.MAX_NAME_CHARS, "w") for k in range(2000)]
+    with Broker(topologies.make("full", n), data_plane=plane).start() as broker:
+        clients = [GossipClient(broker.address, r, timeout=20, **FAST) for r in range(n)]
+        try:
+            tensors = [{name: np.full(1, r, np.float32) for name in names} for r in range(n)]
+            got = _both(clients, tensors)
+            assert all(sorted(got[r]) == sorted(set(range(n)) - {r}) for r in range(n)), got.keys()
+            assert float(got[0][2][names[-1]][0]) == 2.0
         finally:
             for c in clients:
                 c.close()
