@@ -497,11 +497,16 @@ class Broker:
 
     def _on_collect(self, agent: Agent, msg: wire.Message) -> None:
         """A reader that could not open some writers' references names them: those edges are relayed
-        from now on (their writers are told in their ACKs to send the bytes along)."""
+        from now on (their writers are told in their ACKs to send the bytes along). Only writers it
+        reads from count: one COLLECT naming every rank made every writer upload every letter."""
         for j in msg.get("unreachable", ()):
-            if j < self.topology.n and j != agent.rank and (j, agent.rank) not in self._relay_edges:
+            if (j, agent.rank) in self._relay_edges:
+                continue
+            if j < self.topology.n and j != agent.rank and self.locks.reads_from(agent.rank, j):
                 self._relay_edges.add((j, agent.rank))
                 self._note("data-plane-fallbacks")
+            else:
+                self._note("relay-requests-ignored")
         self._send(self.locks.collect(agent.rank, msg["seq"], msg["round"], time.monotonic()))
 
     def _open_letter(self, letter: Letter, reader: int) -> tuple[dict, list, int]:
@@ -515,11 +520,16 @@ class Broker:
         return {**letter.header, "relayed": False}, [], 0
 
     def _relays(self, writer: int) -> list[int]:
-        """Readers that cannot open ``writer``'s references: its ACK tells it to send the bytes along."""
+        """Readers that cannot open ``writer``'s references, registered and still reading it as wired
+        now: its ACK tells it to send the bytes along (no bytes are uploaded for a reader that left)."""
         letter = self.locks.ranks[writer].last_letter
         if letter is None or "ref" not in letter.header:
             return []
-        return sorted(i for j, i in self._relay_edges if j == writer)
+        return sorted(
+            i
+            for j, i in self._relay_edges
+            if j == writer and self._agents[i].identity is not None and self.locks.reads_from(i, writer)
+        )
 
     # ------------------------------------------------------------ introspection
 

@@ -215,3 +215,24 @@ def test_an_honest_swarm_with_many_tensors_completes_its_exchanges(plane):
         finally:
             for c in clients:
                 c.close()
+
+
+@pytest.mark.timeout(20)
+def test_a_reader_can_ask_the_relay_only_for_the_writers_it_reads():
+    """B5: one COLLECT naming every rank as unreachable made every writer upload every letter."""
+    with Broker(topologies.make("ring", 4), data_plane="shm").start() as broker:  # directed: i reads i - 1
+        sock = dealer(broker)
+        register(sock, rank=1)
+        sock.send_multipart([head("COLLECT", seq=2, round=0, unreachable=[0, 2, 3])])
+        clients = {r: GossipClient(broker.address, r, timeout=10, **FAST) for r in (0, 2, 3)}
+        try:
+            for c in clients.values():
+                c.publish({"x": np.ones(4, np.float32)})
+            relay = {r: c._plane.relay_to for r, c in clients.items()}
+            assert relay == {0: [1], 2: [], 3: []}, relay
+            events = broker.stats()["events"]
+            assert events["data-plane-fallbacks"] == 1 and events["relay-requests-ignored"] == 2, events
+        finally:
+            for c in clients.values():
+                c.close()
+            sock.close(linger=0)
