@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import operator
+import secrets
 import threading
 import time
 import traceback
@@ -112,6 +113,8 @@ class Broker:
         self.max_queued_bytes = max_queued_bytes
         self.instance = uuid.uuid4().hex[:16]
         """Sent in every reply: a client that sees it change knows for certain the broker restarted."""
+        self.fetch_token = secrets.token_hex(16) if self.data_plane in ("direct", "auto") else None
+        """Handed to registered agents in WELCOME: letter servers answer only FETCHes that carry it."""
         self._relay_edges: set[tuple[int, int]] = set()
         """Edges (writer, reader) whose reader cannot reach the writer's data plane: relayed here."""
         keys.check_bind(bind, curve is not None, insecure)
@@ -447,6 +450,7 @@ class Broker:
                 "max_payload": self.max_payload_bytes,
                 "topology": self._welcome_topology,
                 **({"data_plane": self.data_plane} if self.data_plane != "broker" else {}),
+                **({"fetch_token": self.fetch_token} if self.fetch_token else {}),
             },
         )
         if rank in self.locks.gone_ranks:

@@ -155,12 +155,17 @@ class GossipClient:
         self.broker = welcome.get("broker")
         self.max_payload = welcome.get("max_payload")
         self._max_header = wire.MAX_HEADER_BYTES * (self.topology.n + 1)  # n - 1 letters, weights, envelope
-        self._set_plane(welcome.get("data_plane", "broker"), restarted=previous not in (None, self.broker))
+        self._set_plane(
+            welcome.get("data_plane", "broker"),
+            restarted=previous not in (None, self.broker),
+            token=welcome.get("fetch_token"),
+        )
 
-    def _set_plane(self, plane: str, restarted: bool) -> None:
+    def _set_plane(self, plane: str, restarted: bool, token: str | None) -> None:
         """Follow the data plane the broker's WELCOME names. The segment and letter server are this
         agent's own, so the references they hand out outlive a broker restart; what the new broker
-        lacks is which edges need a relay, so the writers this agent cannot reach are reported again."""
+        lacks is which edges need a relay, so the writers this agent cannot reach are reported again,
+        and its fetch token is the one letter servers take from now on."""
         if self._plane is not None and self._plane.plane != plane:
             self._plane.close()
             self._plane = None
@@ -168,8 +173,10 @@ class GossipClient:
             self._plane = dataplane.AgentPlane(
                 plane, self.address, self.mode, self._curve_files, fetch_timeout=self.heartbeat * self.liveness
             )
-        elif self._plane is not None and restarted:
-            self._plane.report_again()
+        if self._plane is not None:
+            self._plane.set_token(token)
+            if restarted:
+                self._plane.report_again()
 
     def close(self) -> None:
         """Say BYE (so the rank is free at once) and close. Safe to call twice."""

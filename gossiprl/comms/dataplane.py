@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hmac
 import itertools
 import logging
 import math
@@ -68,6 +69,13 @@ SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 """The seals a segment carries before it is announced: its size is fixed for good, so no mapping
 of it can ever reach past its end (a shrunk file kills whoever reads the lost pages with SIGBUS)."""
 FETCH, LETTER = "FETCH", "LETTER"
+SERVER_QUEUE = 4
+"""Replies a letter server queues for one connection (ZMQ_SNDHWM); past it they are dropped. A
+reader asks once per writer per round, so this is slack: it bounds what one connection that asks
+and never reads costs the writer (250 FETCHes took one from 46 to 880 MiB)."""
+SLOW_STRIKES = 3
+"""Rounds in a row a writer may connect and not answer in time before its edge goes to the relay:
+a starved process loses a round or two, a server that stalls on purpose loses its edge."""
 _DTYPES = {
     "float16": np.float16,
     "float32": np.float32,
@@ -373,16 +381,23 @@ class LetterServer:
     """A writer's ROUTER that serves FETCH requests from its segment, in a thread of its own.
 
     The slot is copied and its version checked again before the reply leaves, so a reader never
-    gets a letter that was being overwritten: it gets ``ok: false`` instead.
+    gets a letter that was being overwritten: it gets ``ok: false`` instead. Only a FETCH that
+    carries the swarm's fetch token (from the broker's WELCOME, so only registered agents hold it)
+    is answered; any other is dropped unanswered and counted in ``refused``: the port is reachable
+    by anyone on the host or network, the parameters are the swarm's.
     """
 
     def __init__(self, segment: Segment, host: str, curve=None):
         self.segment = segment
+        self.tokens: tuple[str, ...] = ()
+        """The fetch tokens answered: the current broker's, and the previous one across a restart."""
+        self.refused = 0
         self._curve = keys.CurveServer(*curve) if curve is not None else None
         self._ctx = self._curve.context if self._curve else zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, 4096)
+        self._sock.setsockopt(zmq.SNDHWM, SERVER_QUEUE)
         if self._curve is not None:
             self._curve.apply(self._sock)
         self._sock.bind(f"tcp://{host}:*")
@@ -402,11 +417,19 @@ class LetterServer:
                 if len(frames) != 2:
                     continue
                 try:
-                    self._answer(frames[0], _parse(frames[1]))
+                    req = _parse(frames[1])
+                    if not self._admits(req.get("token")):
+                        self.refused += 1
+                        continue
+                    self._answer(frames[0], req)
                 except (wire.WireError, zmq.ZMQError) as err:
-                    log.warning("letter server: refused a request: %s", err)
+                    self.refused += 1
+                    log.debug("letter server: refused a request: %s", err)
         finally:
             self._sock.close(linger=0)
+
+    def _admits(self, token) -> bool:
+        return isinstance(token, str) and any(hmac.compare_digest(token, t) for t in self.tokens)
 
     def _answer(self, identity: bytes, req: dict) -> None:
         seg, slot, version = self.segment, req.get("slot"), req.get("version")
@@ -440,8 +463,10 @@ class Fetcher:
 
     A writer is *unreachable* when no connection to it completed within the timeout; one that
     connected but answers late is only *slow* (a starved process): it is waited for up to
-    ``patience`` times longer, and past that its letter is dropped for this round, without giving
-    up on the edge.
+    ``patience`` times longer, and past that its letter is dropped for this round (AgentPlane gives
+    up on the edge after SLOW_STRIKES such rounds in a row). A reply is read only up to the size
+    the letter's schema gives (ZMQ_MAXMSGSIZE: a larger frame drops the connection before it is
+    buffered) and used only at exactly that size. Each FETCH carries ``token``, the swarm's.
     """
 
     def __init__(
@@ -452,16 +477,20 @@ class Fetcher:
     ):
         self._curve = dict(curve_client) if curve_client else None
         self._ctx = context or zmq.Context.instance()
-        self._socks: dict[str, tuple[zmq.Socket, zmq.Socket]] = {}
+        self._socks: dict[str, tuple[zmq.Socket, zmq.Socket, int]] = {}
         self._connected: set[str] = set()
         self._seq = itertools.count(1)
         self.patience = patience
+        self.token = ""
 
-    def _sock(self, ref: Mapping) -> zmq.Socket:
+    def _sock(self, ref: Mapping, nbytes: int) -> zmq.Socket:
         endpoint = ref["endpoint"]
+        if endpoint in self._socks and self._socks[endpoint][2] != nbytes:  # another schema: another limit
+            self._drop(endpoint)
         if endpoint not in self._socks:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, max(4096, nbytes))
             if self._curve is not None:
                 opts = {**self._curve, zmq.CURVE_SERVERKEY: str(ref.get("key", "")).encode()}
                 for option, value in opts.items():
@@ -470,7 +499,7 @@ class Fetcher:
                 zmq.EVENT_HANDSHAKE_SUCCEEDED, addr=f"inproc://gossiprl-fetch-monitor-{uuid.uuid4().hex}"
             )
             sock.connect(endpoint)
-            self._socks[endpoint] = (sock, monitor)
+            self._socks[endpoint] = (sock, monitor, nbytes)
         return self._socks[endpoint][0]
 
     def _reached(self, endpoint: str) -> bool:
@@ -482,7 +511,7 @@ class Fetcher:
 
     def _drop(self, endpoint: str) -> None:
         """Close a writer's socket, and with it whatever is queued to it; the next fetch reconnects."""
-        sock, monitor = self._socks.pop(endpoint)
+        sock, monitor, _ = self._socks.pop(endpoint)
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
@@ -496,14 +525,10 @@ class Fetcher:
         lost = {"overwritten": [], "unreachable": [], "slow": []}
         for rank, (ref, specs) in wanted.items():
             seq = next(self._seq)
-            sock = self._sock(ref)
+            sock = self._sock(ref, layout(specs)[1])
+            fields = {"slot": ref["slot"], "version": ref["version"], "latest": latest, "token": self.token}
             try:
-                sock.send(
-                    _frame(
-                        {"cmd": FETCH, "seq": seq, "slot": ref["slot"], "version": ref["version"], "latest": latest}
-                    ),
-                    flags=zmq.NOBLOCK,
-                )
+                sock.send(_frame({"cmd": FETCH, "seq": seq, **fields}), flags=zmq.NOBLOCK)
             except zmq.Again:
                 lost["unreachable"].append(rank)
                 continue
@@ -527,7 +552,7 @@ class Fetcher:
                 if entry is None:  # the answer to a request we gave up on
                     continue
                 rank, _, specs = entry
-                if reply.get("ok") is True and len(frames) == 2 and len(frames[1]) >= layout(specs)[1]:
+                if reply.get("ok") is True and len(frames) == 2 and len(frames[1]) == layout(specs)[1]:
                     got[rank] = split_payload(frames[1].buffer, specs)
                 else:
                     lost["overwritten"].append(rank)
@@ -580,6 +605,8 @@ class AgentPlane:
         """Whether the last letter written into the segment was ACKed (PROTOCOL.md 10.3, Writing)."""
         self.unreachable: set[int] = set()
         self._to_report: set[int] = set()
+        self._slow: dict[int, int] = {}
+        """Rounds in a row each writer connected but did not answer in time (see SLOW_STRIKES)."""
         self.counts = {
             k: 0
             for k in (
@@ -624,6 +651,15 @@ class AgentPlane:
             return {}
         fields, self._to_report = {"unreachable": sorted(self._to_report)}, set()
         return fields
+
+    def set_token(self, token) -> None:
+        """The fetch token of the broker this agent just registered with (WELCOME ``fetch_token``).
+        Our server keeps answering the previous one too: readers re-register one by one after a
+        broker restart, and each still fetches with the old token until it has."""
+        token = token if isinstance(token, str) and 0 < len(token) <= 64 else ""
+        self.fetcher.token = token
+        if self.server is not None and token and token not in self.server.tokens:
+            self.server.tokens = (token, *self.server.tokens[:1])
 
     def report_again(self) -> None:
         """A restarted broker knows none of the relay edges: name every writer we cannot reach anew."""
@@ -680,6 +716,13 @@ class AgentPlane:
             self.counts["direct"] += len(got)
             self.counts["overwritten"] += len(lost["overwritten"])
             self.counts["slow"] += len(lost["slow"])
+            for rank in got:
+                self._slow.pop(rank, None)
+            for rank in lost["slow"]:
+                self._slow[rank] = self._slow.get(rank, 0) + 1
+                if self._slow[rank] >= SLOW_STRIKES:
+                    del self._slow[rank]
+                    self._lost(rank)
             for rank in lost["unreachable"]:
                 self._lost(rank)
         return out

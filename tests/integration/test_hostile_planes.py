@@ -12,9 +12,12 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
+import msgpack
 import numpy as np
 import pytest
+import zmq
 
 import topologies
 from brokers import MIB, ask, assert_error, dealer, head, register
@@ -236,3 +239,113 @@ def test_a_reader_can_ask_the_relay_only_for_the_writers_it_reads():
             for c in clients.values():
                 c.close()
             sock.close(linger=0)
+
+
+# ---------------------------------------------------------------- C. the direct plane
+
+
+def _stranger(endpoint, **options):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    for option, value in options.items():
+        sock.setsockopt(getattr(zmq, option), value)
+    sock.connect(endpoint)
+    return sock
+
+
+def _fetch(seq, **fields):
+    return head("FETCH", seq=seq, slot=0, version=2, latest=True, **fields)
+
+
+@pytest.mark.timeout(20)
+def test_a_letter_server_answers_only_fetches_with_the_swarm_s_token():
+    """C7/C9: anyone who could reach a letter server's port fetched the swarm's parameters."""
+    with Broker(RING2, data_plane="direct").start() as broker:
+        clients = [GossipClient(broker.address, r, timeout=10, **FAST) for r in (0, 1)]
+        try:
+            _both(clients, [{"x": np.full(8, 3.0, np.float32)}, {"x": np.zeros(8, np.float32)}])
+            server, token = clients[0]._plane.server, clients[1]._plane.fetcher.token
+            assert len(token) == 32 and server.tokens == (token,)
+            sock = _stranger(server.endpoint)
+            for seq, fields in enumerate(({}, {"token": "0" * 32}, {"token": 7})):
+                sock.send(_fetch(seq, **fields))
+            assert not sock.poll(500), "a fetch without the swarm's token was answered"
+            assert server.refused == 3
+            sock.send(_fetch(9, token=token))
+            assert sock.poll(2000) and np.frombuffer(sock.recv_multipart()[1], np.float32)[0] == 3.0
+            sock.close(linger=0)
+            _both(clients, [{"x": np.ones(8, np.float32)}] * 2)
+            assert clients[1].plane_counts["direct"] == 2, clients[1].plane_counts
+        finally:
+            for c in clients:
+                c.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_connection_that_asks_and_never_reads_gets_a_bounded_queue():
+    """C7: 250 FETCHes on one connection that never read took a writer from 46 to 880 MiB."""
+    with Broker(RING2, data_plane="direct").start() as broker:
+        clients = [GossipClient(broker.address, r, timeout=10, **FAST) for r in (0, 1)]
+        try:
+            _both(clients, [{"x": np.ones(MIB // 4, np.float32)}] * 2)
+            server = clients[0]._plane.server
+            served = server.served
+            sock = _stranger(server.endpoint, RCVHWM=1, RCVBUF=4096)
+            for seq in range(200):
+                sock.send(_fetch(seq, token=clients[1]._plane.fetcher.token))
+            deadline = time.monotonic() + 10
+            while server.served < served + 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server.served == served + 200
+            queued = 0
+            while sock.poll(300):
+                sock.recv_multipart()
+                queued += 1
+            assert queued <= 32, f"{queued} letters of 1 MiB were queued for one connection"
+            sock.close(linger=0)
+        finally:
+            for c in clients:
+                c.close()
+
+
+def _fake_server(oversize):
+    """A 'letter server' that stalls (never answers) or answers with a frame far beyond the schema."""
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind("tcp://127.0.0.1:*")
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            if sock.poll(50):
+                identity, request = sock.recv_multipart()
+                if oversize:
+                    seq = msgpack.unpackb(request)["seq"]
+                    sock.send_multipart([identity, head("LETTER", seq=seq, ok=True), b"\0" * (64 * MIB)])
+        sock.close(linger=0)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT), stop, thread
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("oversize", [False, True], ids=["stalls", "oversize-frame"])
+def test_a_writer_whose_server_stalls_or_oversends_loses_its_edge_to_the_relay(oversize):
+    """C8: a server that stalled cost every reader ~10 s per round and never fell back to the relay;
+    one that sent a 1 GiB frame had it accepted (reader RSS 1,066 MiB)."""
+    endpoint, stop, thread = _fake_server(oversize)
+    plane = AgentPlane("direct", "tcp://127.0.0.1:1", "sync", fetch_timeout=0.2)
+    plane.fetcher.patience = 1.5
+    ref = {"endpoint": endpoint, "slot": 0, "version": 2}
+    try:
+        for k in range(dataplane.SLOW_STRIKES):
+            assert plane.unreachable == set(), f"fell back after {k} slow rounds"
+            msg = Message("DELIVER", {"messages": [{"rank": 1, "ref": ref, "specs": SPECS}]})
+            assert plane.receive(msg) == {}
+        assert plane.counts["slow"] == dataplane.SLOW_STRIKES and plane.counts["direct"] == 0, plane.counts
+        assert plane.unreachable == {1} and plane.collect_fields() == {"unreachable": [1]}
+    finally:
+        plane.close()
+        stop.set()
+        thread.join(5)
