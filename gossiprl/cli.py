@@ -96,7 +96,10 @@ def main(verbose: int) -> None:
     help="Directory of the agents' public keys (*.key) the broker admits.",
 )
 @click.option(
-    "--insecure", is_flag=True, help="Bind a non-loopback address without CURVE keys (only on a network you trust)."
+    "--insecure",
+    is_flag=True,
+    help="Bind a tcp address without CURVE keys: every user of this host (and, beyond loopback, of the "
+    "network) can then join the swarm. Only on a host and network you trust.",
 )
 @click.option(
     "--metrics-port",
@@ -132,7 +135,7 @@ def broker(
 ):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
     from .comms.broker import Broker, stats_line
-    from .comms.keys import check_endpoint
+    from .comms.keys import HOW_TO_MAKE_KEYS, check_endpoint, is_loopback
 
     try:
         check_endpoint(bind)
@@ -142,6 +145,19 @@ def broker(
     if (curve_secret is None) != (curve_allow is None):
         raise click.UsageError("--curve-secret and --curve-allow go together (the broker's key and the agents' keys)")
     curve = (curve_secret, curve_allow) if curve_secret is not None else None
+    if curve is None and bind.startswith("tcp://") and is_loopback(bind):
+        if not insecure:
+            raise click.UsageError(
+                f"refusing to bind {bind} without keys: a tcp port, loopback included, is open to every "
+                "user of this host, who could register a rank and publish into the swarm. Bind "
+                "ipc://PATH in a directory only you can enter, or give the broker keys "
+                f"({HOW_TO_MAKE_KEYS}), or pass --insecure to accept that."
+            )
+        logging.getLogger("gossiprl.comms.keys").warning(
+            "broker binds %s WITHOUT authentication (--insecure): every user of this host can register "
+            "a rank and publish parameters into the swarm",
+            bind,
+        )
     try:
         b = Broker(
             topo,

@@ -38,6 +38,7 @@ def swarm():
             "0",
             "--metrics-port",
             str(metrics),
+            "--insecure",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
