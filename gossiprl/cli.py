@@ -865,24 +865,31 @@ def agent(
     show_default=True,
     help="Episodes recorded per policy with --video.",
 )
-def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episodes):
+@click.option(
+    "--import-env-module",
+    is_flag=True,
+    help="Import the module a MODULE:ENV_ID env id of the run names (runs its code): only for a run you trust.",
+)
+def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episodes, import_env_module):
     """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
     require_rl("eval")
     check_device(device)
-    from .rl.agent import CheckpointError
     from .rl.consensus import evaluate_consensus
     from .rl.evaluate import evaluate
 
     try:
-        result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device)
-        result["consensus"] = evaluate_consensus(run_dir, episodes=episodes, greedy=greedy, device=device)
-    except (FileNotFoundError, CheckpointError) as err:
+        result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device, import_env_module=import_env_module)
+        result["consensus"] = evaluate_consensus(
+            run_dir, episodes=episodes, greedy=greedy, device=device, import_env_module=import_env_module
+        )
+    except (FileNotFoundError, ValueError) as err:  # CheckpointError is one; a module env id refused, another
         raise click.ClickException(str(err)) from None
     if video_dir is not None:
         from .rl.policy import load_policy, record_videos
 
         for agent in ["consensus", *sorted(result["agents"])]:
-            files = record_videos(load_policy(run_dir, agent, device), video_dir, video_episodes, deterministic=greedy)
+            policy = load_policy(run_dir, agent, device, import_env_module)
+            files = record_videos(policy, video_dir, video_episodes, deterministic=greedy)
             click.echo(
                 f"video: {len(files)} episode(s) in {files[0].parent}" if files else f"video: none written for {agent}",
                 err=as_json,
