@@ -315,7 +315,8 @@ def checkpoint_digest(state: dict) -> str:
 
     It is computed from the values, not the file's bytes, and stored inside the file: a flipped
     byte either breaks the file's structure (torch cannot read it) or changes a value (the
-    digest no longer matches), so no corruption loads silently with changed weights.
+    digest no longer matches), so no corruption loads silently with changed weights. It is
+    unkeyed, so it says nothing against tampering: whoever can write the file can recompute it.
     """
     h = hashlib.sha256()
 
