@@ -33,3 +33,26 @@ def test_resume_extends_the_budget_records_it_and_counts_every_sessions_time(tmp
     assert [a["frames"] for a in second["per_agent"].values()] == [4000, 4000]
     assert second["fps"] == pytest.approx(4000 / second["session_wall_seconds"])  # the frames this session trained
     assert "fps only this one" in second["time_definition"]
+
+
+def _strict_json(path):
+    def refuse(word):
+        raise ValueError(f"{path} holds {word}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+@pytest.mark.timeout(120)
+def test_resuming_a_finished_run_keeps_its_return_and_writes_strict_json(tmp_path):
+    """Issue 19 F15: --resume of a finished run trained nothing, then rewrote summary.json with NaN
+    (invalid JSON) in place of the run's real return."""
+    run_dir = tmp_path / "run"
+    flags = ("--agents", 1, "--total-frames", 1000, "--stop-at-return", "none", "--run-dir", run_dir, "--no-progress")
+    assert invoke("run", *flags).exit_code == 0
+    first = _strict_json(run_dir / "summary.json")
+    assert isinstance(first["mean_return"], float)
+    result = invoke("run", *flags, "--resume")
+    assert result.exit_code == 0, result.output
+    second = _strict_json(run_dir / "summary.json")
+    assert second["frames"] == first["frames"] and second["episodes"] == 0, second  # nothing left to train
+    assert second["mean_return"] == first["mean_return"], second
