@@ -472,6 +472,14 @@ def run(
     if load.warning():
         echo(load.warning())
     run_dir = Path(run_dir)
+    listener = None
+    if topo is not None and metrics_port is not None:  # before the run dir: a port in use leaves nothing behind
+        from .monitor import listen
+
+        try:
+            listener = listen(metrics_port)
+        except OSError as err:
+            raise RunError(f"cannot serve stats on 127.0.0.1:{metrics_port}: {err.strerror}") from None
     earlier = _earlier_summary(run_dir) if resume else {}
     earlier_wall = earlier["wall_seconds"] if type(earlier.get("wall_seconds")) in (int, float) else 0.0
     earlier_return = earlier["mean_return"] if type(earlier.get("mean_return")) in (int, float) else math.nan
@@ -506,14 +514,10 @@ def run(
                 data_plane=swarm.data_plane,
             ).start()
         stats_server = None
-        if broker is not None and metrics_port is not None:
+        if listener is not None:
             from .monitor import StatsServer
 
-            try:
-                stats_server = StatsServer(broker.stats, metrics_port)
-            except OSError as err:
-                broker.close()
-                raise RunError(f"cannot serve stats on 127.0.0.1:{metrics_port}: {err.strerror}") from None
+            stats_server = StatsServer(broker.stats, listener)
             echo(f"broker stats on {stats_server.address}/metrics; watch with `gossiprl top {stats_server.address}`")
         bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
         try:

@@ -49,8 +49,18 @@ _AGENT_GAUGES = {
 }
 
 
+def listen(port: int, host: str = "127.0.0.1") -> socket.socket:
+    """The stats server's listening socket. A command binds it before it makes anything else, so a
+    port in use stops it with nothing left behind (a run dir made first then blocked its own retry)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host, port), family=family, backlog=128)  # no descriptor until accepted
+    listener.setblocking(False)
+    return listener
+
+
 class StatsServer:
-    """Serves ``stats()`` (a callable returning ``Broker.stats()``'s dict) on ``host:port``; port 0 picks one.
+    """Serves ``stats()`` (a callable returning ``Broker.stats()``'s dict) on ``host:port``; port 0 picks one;
+    ``port`` may also be a socket from ``listen``, bound earlier.
 
     One thread of its own serves every connection from a selector, never the broker's serving
     thread: a flood of scrapes or slow clients costs this thread, at most MAX_CONNECTIONS
@@ -58,13 +68,11 @@ class StatsServer:
     taken (a /metrics flood used to raise the broker's PING median from 0.63 to 15.9 ms).
     """
 
-    def __init__(self, stats, port: int, host: str = "127.0.0.1"):
+    def __init__(self, stats, port: int | socket.socket, host: str = "127.0.0.1"):
         self._stats = stats
         self._lock = threading.Lock()
         self._snapshot: tuple[float, dict, dict] | None = None
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.create_server((host, port), family=family, backlog=128)  # no descriptor until accepted
-        self._listener.setblocking(False)
+        self._listener = port if isinstance(port, socket.socket) else listen(port, host)
         self.address = f"http://{host}:{self._listener.getsockname()[1]}"
         self.refused = 0
         """Connections closed unserved: over the cap, too slow, or a request too long."""
