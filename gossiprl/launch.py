@@ -488,6 +488,10 @@ def run(
         resume,
         {"swarm": asdict(swarm), "agent": asdict(agent_cfg), "topology": topo.to_dict() if topo else None},
     )
+    if resume and not any((run_dir / f"agent-{r}" / "checkpoint.pt").exists() for r in range(swarm.agents)):
+        # Each agent would wait to adopt its neighbours' parameters, and none has any: a deadlock.
+        echo(f"no agent of {run_dir} wrote a checkpoint before it stopped: its agents start afresh")
+        resume = False
     swarm_log = SwarmLog(run_dir, {"swarm": asdict(swarm), "agent": asdict(agent_cfg)}, track)
     ctx = mp.get_context("spawn")
     stop, reports = _LauncherStop(ctx), _Reports()

@@ -56,3 +56,19 @@ def test_resuming_a_finished_run_keeps_its_return_and_writes_strict_json(tmp_pat
     second = _strict_json(run_dir / "summary.json")
     assert second["frames"] == first["frames"] and second["episodes"] == 0, second  # nothing left to train
     assert second["mean_return"] == first["mean_return"], second
+
+
+@pytest.mark.timeout(120)
+def test_resuming_a_run_stopped_before_any_checkpoint_starts_its_agents_afresh(tmp_path):
+    """Issue 19 F15: every agent of such a run waited to adopt its neighbours' parameters, which had
+    none: 60 s of silence, then a GossipTimeout traceback and half the budget trained."""
+    run_dir = tmp_path / "run"
+    flags = ("--agents", 2, "--stop-at-return", "none", "--run-dir", run_dir, "--no-progress")
+    assert invoke("run", *flags, "--total-frames", 1000).exit_code == 0
+    for checkpoint in run_dir.glob("agent-*/checkpoint.pt"):
+        checkpoint.unlink()  # as if it had stopped before its first checkpoint
+    result = invoke("run", *flags, "--total-frames", 1000, "--resume", "--gossip-timeout", 20)
+    assert result.exit_code == 0, result.output
+    assert "no agent of" in result.output and "start afresh" in result.output, result.output
+    summary = _strict_json(run_dir / "summary.json")
+    assert summary["frames"] >= 1000 and summary["failed"] == {}, summary
