@@ -18,11 +18,14 @@ for ``top`` (the ``monitor`` extra); the comms-only install can serve ``/stats``
 from __future__ import annotations
 
 import json
+import logging
 import selectors
 import socket
 import threading
 import time
 import urllib.request
+
+log = logging.getLogger("gossiprl.monitor")
 
 MIN_SNAPSHOT_S = 0.5
 """Stats snapshots are taken at most this often, however often the endpoint is asked."""
@@ -170,7 +173,12 @@ class StatsServer:
             return
         state[1] += chunk
         if b"\r\n\r\n" in state[1]:
-            state[2] = memoryview(self._answer(state[1].split(b"\r\n", 1)[0]))
+            try:
+                answer = self._answer(state[1].split(b"\r\n", 1)[0])
+            except Exception as err:  # a failed snapshot, prometheus-client missing: this one answer fails
+                log.exception("stats server: cannot answer")
+                answer = _response(500, f"cannot answer: {type(err).__name__}\n".encode(), "text/plain")
+            state[2] = memoryview(answer)
         elif len(state[1]) > MAX_REQUEST_BYTES:
             self.refused += 1
             state[2] = memoryview(_response(431, b"request head over 8 KiB\n", "text/plain"))
@@ -185,7 +193,13 @@ class StatsServer:
             sock.close()
 
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 431: "Request Header Fields Too Large"}
+_REASONS = {
+    200: "OK",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+}
 
 
 def _response(status: int, body: bytes, kind: str) -> bytes:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import msgpack
@@ -411,3 +412,25 @@ def test_a_scrape_flood_renders_each_answer_once_per_snapshot(stats_server, monk
             assert answer.status == 200 and b"gossiprl_broker_uptime_seconds" in answer.read()
     snapshots = (time.monotonic() - start) / monitor.MIN_SNAPSHOT_S + 1
     assert len(renders) <= snapshots, f"{len(renders)} renders for 100 scrapes in {snapshots:.0f} snapshots"
+
+
+@pytest.mark.timeout(20)
+def test_an_answer_that_fails_costs_that_answer_only():
+    """D10: the endpoint serves every connection from one thread, so one failed answer (a snapshot
+    that raises) must not end that thread."""
+    calls = []
+
+    def stats():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the first snapshot fails")
+        return {"n": 2}
+
+    server = monitor.StatsServer(stats, 0)
+    try:
+        with pytest.raises(urllib.error.HTTPError, match="500"):
+            urllib.request.urlopen(f"{server.address}/stats", timeout=5)
+        with urllib.request.urlopen(f"{server.address}/stats", timeout=5) as answer:
+            assert json.loads(answer.read()) == {"n": 2}
+    finally:
+        server.close()
