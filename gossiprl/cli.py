@@ -96,7 +96,10 @@ def main(verbose: int) -> None:
     help="Directory of the agents' public keys (*.key) the broker admits.",
 )
 @click.option(
-    "--insecure", is_flag=True, help="Bind a non-loopback address without CURVE keys (only on a network you trust)."
+    "--insecure",
+    is_flag=True,
+    help="Bind a tcp address without CURVE keys: every user of this host (and, beyond loopback, of the "
+    "network) can then join the swarm. Only on a host and network you trust.",
 )
 @click.option(
     "--metrics-port",
@@ -132,7 +135,7 @@ def broker(
 ):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
     from .comms.broker import Broker, stats_line
-    from .comms.keys import check_endpoint
+    from .comms.keys import HOW_TO_MAKE_KEYS, check_endpoint, is_loopback
 
     try:
         check_endpoint(bind)
@@ -142,6 +145,19 @@ def broker(
     if (curve_secret is None) != (curve_allow is None):
         raise click.UsageError("--curve-secret and --curve-allow go together (the broker's key and the agents' keys)")
     curve = (curve_secret, curve_allow) if curve_secret is not None else None
+    if curve is None and bind.startswith("tcp://") and is_loopback(bind):
+        if not insecure:
+            raise click.UsageError(
+                f"refusing to bind {bind} without keys: a tcp port, loopback included, is open to every "
+                "user of this host, who could register a rank and publish into the swarm. Bind "
+                "ipc://PATH in a directory only you can enter, or give the broker keys "
+                f"({HOW_TO_MAKE_KEYS}), or pass --insecure to accept that."
+            )
+        logging.getLogger("gossiprl.comms.keys").warning(
+            "broker binds %s WITHOUT authentication (--insecure): every user of this host can register "
+            "a rank and publish parameters into the swarm",
+            bind,
+        )
     try:
         b = Broker(
             topo,
@@ -880,24 +896,31 @@ def agent(
     show_default=True,
     help="Episodes recorded per policy with --video.",
 )
-def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episodes):
+@click.option(
+    "--import-env-module",
+    is_flag=True,
+    help="Import the module a MODULE:ENV_ID env id of the run names (runs its code): only for a run you trust.",
+)
+def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episodes, import_env_module):
     """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
     require_rl("eval")
     check_device(device)
-    from .rl.agent import CheckpointError
     from .rl.consensus import evaluate_consensus
     from .rl.evaluate import evaluate
 
     try:
-        result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device)
-        result["consensus"] = evaluate_consensus(run_dir, episodes=episodes, greedy=greedy, device=device)
-    except (FileNotFoundError, CheckpointError) as err:
+        result = evaluate(run_dir, episodes=episodes, greedy=greedy, device=device, import_env_module=import_env_module)
+        result["consensus"] = evaluate_consensus(
+            run_dir, episodes=episodes, greedy=greedy, device=device, import_env_module=import_env_module
+        )
+    except (FileNotFoundError, ValueError) as err:  # CheckpointError is one; a module env id refused, another
         raise click.ClickException(str(err)) from None
     if video_dir is not None:
         from .rl.policy import load_policy, record_videos
 
         for agent in ["consensus", *sorted(result["agents"])]:
-            files = record_videos(load_policy(run_dir, agent, device), video_dir, video_episodes, deterministic=greedy)
+            policy = load_policy(run_dir, agent, device, import_env_module)
+            files = record_videos(policy, video_dir, video_episodes, deterministic=greedy)
             click.echo(
                 f"video: {len(files)} episode(s) in {files[0].parent}" if files else f"video: none written for {agent}",
                 err=as_json,

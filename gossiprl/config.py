@@ -303,10 +303,22 @@ def _upgrade(data: dict) -> dict:
     return {**data, "swarm": swarm, "agent": agent}
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file is a page of settings: a larger one is refused before it is parsed."""
+
+
 def _yaml(text: str):
+    """YAML without aliases: a settings file needs none, and a 530-byte file of nested aliases
+    (a "billion laughs") once took the loader to 2.3 GB expanding them."""
     import yaml  # the rl extra's; imported here so the comms-only install never needs it
 
-    return yaml.safe_load(text)
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise ValueError(f"aliases (*name) are not allowed in a config file ({self.peek_event().start_mark})")
+            return super().compose_node(parent, index)
+
+    return yaml.load(text, Loader=NoAliases)
 
 
 READERS = {".toml": tomllib.loads, ".yaml": _yaml, ".yml": _yaml, ".json": json.loads}
@@ -319,7 +331,16 @@ def load_file(path: Path) -> dict:
     if suffix not in READERS:
         raise click.BadParameter(f"{path}: give a .toml, .yaml / .yml or .json file", param_hint="--config")
     try:
-        data = READERS[suffix](path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise click.BadParameter(
+                f"{path} is over {MAX_CONFIG_BYTES:,} bytes: a config file holds a page of settings",
+                param_hint="--config",
+            )
+        data = READERS[suffix](raw.decode())
+    except click.BadParameter:
+        raise
     except OSError as err:
         raise click.BadParameter(f"cannot read {path}: {err.strerror}", param_hint="--config") from None
     except ImportError:

@@ -477,12 +477,26 @@ def run(
     if load.warning():
         echo(load.warning())
     run_dir = Path(run_dir)
-    earlier_wall = _earlier_wall_seconds(run_dir) if resume else 0.0
+    listener = None
+    if topo is not None and metrics_port is not None:  # before the run dir: a port in use leaves nothing behind
+        from .monitor import listen
+
+        try:
+            listener = listen(metrics_port)
+        except OSError as err:
+            raise RunError(f"cannot serve stats on 127.0.0.1:{metrics_port}: {err.strerror}") from None
+    earlier = _earlier_summary(run_dir) if resume else {}
+    earlier_wall = earlier["wall_seconds"] if type(earlier.get("wall_seconds")) in (int, float) else 0.0
+    earlier_return = earlier["mean_return"] if type(earlier.get("mean_return")) in (int, float) else math.nan
     prepare_run_dir(
         run_dir,
         resume,
         {"swarm": asdict(swarm), "agent": asdict(agent_cfg), "topology": topo.to_dict() if topo else None},
     )
+    if resume and not any((run_dir / f"agent-{r}" / "checkpoint.pt").exists() for r in range(swarm.agents)):
+        # Each agent would wait to adopt its neighbours' parameters, and none has any: a deadlock.
+        echo(f"no agent of {run_dir} wrote a checkpoint before it stopped: its agents start afresh")
+        resume = False
     swarm_log = SwarmLog(run_dir, {"swarm": asdict(swarm), "agent": asdict(agent_cfg)}, track)
     ctx = mp.get_context("spawn")
     stop, reports = _LauncherStop(ctx), _Reports()
@@ -509,14 +523,10 @@ def run(
                 data_plane=swarm.data_plane,
             ).start()
         stats_server = None
-        if broker is not None and metrics_port is not None:
+        if listener is not None:
             from .monitor import StatsServer
 
-            try:
-                stats_server = StatsServer(broker.stats, metrics_port)
-            except OSError as err:
-                broker.close()
-                raise RunError(f"cannot serve stats on 127.0.0.1:{metrics_port}: {err.strerror}") from None
+            stats_server = StatsServer(broker.stats, listener)
             echo(f"broker stats on {stats_server.address}/metrics; watch with `gossiprl top {stats_server.address}`")
         bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
         try:
@@ -626,7 +636,7 @@ def run(
         "fps": sum(s["fps"] * s["wall_seconds"] for s in summaries.values()) / wall,
         "time_definition": "frames and wall_seconds cover every session of the run; session_wall_seconds "
         "and fps only this one: fps is the frames trained in it over its seconds",
-        "mean_return": progress.mean_return,
+        "mean_return": progress.mean_return if progress.returns else earlier_return,
         "mean_return_definition": "mean of the last 100 episodes of all agents pooled (the stop rule); "
         "agents_mean_return / agents_min_return: mean and worst of each agent's "
         "own last-100 mean",
@@ -641,26 +651,36 @@ def run(
         "failed": {rank: failures[rank].strip().splitlines()[-1] for rank in sorted(failures)},
     }
     tmp_path = run_dir / "summary.json.tmp"
-    tmp_path.write_text(json.dumps(summary, indent=2, default=_json_default))
+    tmp_path.write_text(json.dumps(_finite(summary), indent=2, default=str, allow_nan=False))
     os.replace(tmp_path, run_dir / "summary.json")
     swarm_log.close(summary)
     return summary
 
 
-def _earlier_wall_seconds(run_dir: Path) -> float:
-    """The wall_seconds of the run's last summary.json: every session before this one (0 if none)."""
+def _earlier_summary(run_dir: Path) -> dict:
+    """The run's last summary.json, every session before this one ({} if there is none to read):
+    a resumed session that finishes no episode (its budget was already spent) keeps its return."""
     try:
-        return float(json.loads((run_dir / "summary.json").read_text())["wall_seconds"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0.0
+        earlier = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return earlier if isinstance(earlier, dict) else {}
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def _json_default(value):
-    return None if isinstance(value, float) and math.isnan(value) else str(value)
+def _finite(value):
+    """summary.json is strict JSON: NaN and infinity (no episode finished, say) are written null.
+    (json.dumps writes a float NaN as the bare word NaN, which no strict reader takes.)"""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _drain_until_done(reports, summaries, failures, n, progress, timeout):

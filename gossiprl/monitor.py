@@ -4,6 +4,8 @@ The stats leave the broker through a small HTTP server of its own rather than th
 gossip protocol: a monitor then needs no rank, no registration and no CURVE key, and cannot
 disturb the turn locks. The server is read-only, answers only ``GET /metrics`` (Prometheus
 text format) and ``GET /stats`` (``Broker.stats()`` as JSON), and binds loopback by default.
+It runs on one thread of its own with a cap on connections and on each connection's life, so
+neither a scrape flood nor slow clients reach the broker's serving thread or its descriptors.
 The stats hold counters, timings and ranks, never keys, identities or parameters; a wider
 bind is the operator's explicit choice (``--metrics-bind``). Each answer costs one
 ``Broker.stats()`` snapshot, and at most ``MIN_SNAPSHOT_S`` apart: faster scrapers are
@@ -16,13 +18,26 @@ for ``top`` (the ``monitor`` extra); the comms-only install can serve ``/stats``
 from __future__ import annotations
 
 import json
+import logging
+import selectors
+import socket
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+log = logging.getLogger("gossiprl.monitor")
 
 MIN_SNAPSHOT_S = 0.5
 """Stats snapshots are taken at most this often, however often the endpoint is asked."""
+MAX_CONNECTIONS = 16
+"""Connections held at once. Each costs a file descriptor of the broker's process, so the cap keeps
+scrapers off the agents' budget; at the cap a new connection replaces the oldest one still sending
+its request (the likeliest slowloris), so a quick scrape still gets through a slow flood."""
+CONNECTION_S = 5.0
+"""A connection's whole life: a client that has not sent its request and read the answer by then
+is cut off (248 slowloris connections used to hold a thread and a descriptor each, for ever)."""
+MAX_REQUEST_BYTES = 8192
+"""Request line and headers; a longer request is answered 431 and closed."""
 
 _AGENT_GAUGES = {
     "round": ("gossiprl_agent_round", "Gossip rounds the agent has completed at the broker."),
@@ -37,49 +52,168 @@ _AGENT_GAUGES = {
 }
 
 
-class StatsServer:
-    """Serves ``stats()`` (a callable returning ``Broker.stats()``'s dict) on ``host:port``; port 0 picks one."""
+def listen(port: int, host: str = "127.0.0.1") -> socket.socket:
+    """The stats server's listening socket. A command binds it before it makes anything else, so a
+    port in use stops it with nothing left behind (a run dir made first then blocked its own retry)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host, port), family=family, backlog=128)  # no descriptor until accepted
+    listener.setblocking(False)
+    return listener
 
-    def __init__(self, stats, port: int, host: str = "127.0.0.1"):
+
+class StatsServer:
+    """Serves ``stats()`` (a callable returning ``Broker.stats()``'s dict) on ``host:port``; port 0 picks one;
+    ``port`` may also be a socket from ``listen``, bound earlier.
+
+    One thread of its own serves every connection from a selector, never the broker's serving
+    thread: a flood of scrapes or slow clients costs this thread, at most MAX_CONNECTIONS
+    descriptors and CONNECTION_S each, and no answer is rendered more often than a snapshot is
+    taken (a /metrics flood used to raise the broker's PING median from 0.63 to 15.9 ms).
+    """
+
+    def __init__(self, stats, port: int | socket.socket, host: str = "127.0.0.1"):
         self._stats = stats
         self._lock = threading.Lock()
-        self._snapshot: tuple[float, dict] | None = None
-        self.httpd = ThreadingHTTPServer((host, port), _Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.owner = self
-        self.address = f"http://{host}:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="stats-http", daemon=True)
+        self._snapshot: tuple[float, dict, dict] | None = None
+        self._listener = port if isinstance(port, socket.socket) else listen(port, host)
+        self.address = f"http://{host}:{self._listener.getsockname()[1]}"
+        self.refused = 0
+        """Connections closed unserved: over the cap, too slow, or a request too long."""
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, name="stats-http", daemon=True)
         self._thread.start()
 
     def snapshot(self) -> dict:
+        return self._current()[0]
+
+    def _current(self) -> tuple[dict, dict]:
+        """The latest stats and the answers rendered from them (filled in as they are asked for)."""
         with self._lock:
             now = time.monotonic()
             if self._snapshot is None or now - self._snapshot[0] >= MIN_SNAPSHOT_S:
-                self._snapshot = (now, self._stats())
-            return self._snapshot[1]
+                self._snapshot = (now, self._stats(), {})
+            return self._snapshot[1], self._snapshot[2]
+
+    def _answer(self, request: bytes) -> bytes:
+        """The whole HTTP/1.0 response to one request's head."""
+        method, _, rest = request.partition(b" ")
+        path = rest.split(b" ", 1)[0]
+        if method != b"GET":
+            return _response(405, b"this server answers GET /metrics and GET /stats only\n", "text/plain")
+        if path not in (b"/stats", b"/metrics"):
+            return _response(404, b"this server answers GET /metrics and GET /stats only\n", "text/plain")
+        stats, rendered = self._current()
+        if path not in rendered:
+            if path == b"/stats":
+                rendered[path] = _response(200, json.dumps(stats).encode(), "application/json")
+            else:
+                rendered[path] = _response(200, *prometheus_text(stats))
+        return rendered[path]
+
+    def _serve(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._listener, selectors.EVENT_READ, "accept")
+        selector.register(self._wake_r, selectors.EVENT_READ, "stop")
+        conns: dict[socket.socket, list] = {}  # socket -> [deadline, bytes received, answer left to send]
+        try:
+            while True:
+                for key, _ in selector.select(timeout=0.5):
+                    if key.data == "stop":
+                        return
+                    if key.data == "accept":
+                        self._accept(selector, conns)
+                    elif key.fileobj in conns:  # (not evicted by an accept of this same batch)
+                        self._step(selector, conns, key.fileobj)
+                now = time.monotonic()
+                for conn in [c for c, state in conns.items() if state[0] < now]:
+                    self.refused += 1
+                    _close(selector, conns, conn)
+        finally:
+            for conn in list(conns):
+                _close(selector, conns, conn)
+            selector.close()
+
+    def _accept(self, selector, conns) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of descriptors, say: the next select tries again
+                return
+            if len(conns) >= MAX_CONNECTIONS:  # make room: the oldest still sending its request goes
+                reading = [c for c, state in conns.items() if not state[2]]
+                if not reading:
+                    self.refused += 1
+                    conn.close()
+                    continue
+                self.refused += 1
+                _close(selector, conns, min(reading, key=lambda c: conns[c][0]))
+            conn.setblocking(False)
+            conns[conn] = [time.monotonic() + CONNECTION_S, b"", b""]
+            selector.register(conn, selectors.EVENT_READ, "conn")
+
+    def _step(self, selector, conns, conn) -> None:
+        """Read more of a request, or send more of its answer; close when done or on any error."""
+        state = conns[conn]
+        try:
+            if state[2]:
+                state[2] = state[2][conn.send(state[2]) :]
+                if not state[2]:
+                    _close(selector, conns, conn)
+                return
+            chunk = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            _close(selector, conns, conn)
+            return
+        if not chunk:
+            _close(selector, conns, conn)
+            return
+        state[1] += chunk
+        if b"\r\n\r\n" in state[1]:
+            try:
+                answer = self._answer(state[1].split(b"\r\n", 1)[0])
+            except Exception as err:  # a failed snapshot, prometheus-client missing: this one answer fails
+                log.exception("stats server: cannot answer")
+                answer = _response(500, f"cannot answer: {type(err).__name__}\n".encode(), "text/plain")
+            state[2] = memoryview(answer)
+        elif len(state[1]) > MAX_REQUEST_BYTES:
+            self.refused += 1
+            state[2] = memoryview(_response(431, b"request head over 8 KiB\n", "text/plain"))
+        else:
+            return
+        selector.modify(conn, selectors.EVENT_WRITE, "conn")
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._wake_w.send(b"x")
+        self._thread.join()
+        for sock in (self._listener, self._wake_r, self._wake_w):
+            sock.close()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        if self.path == "/stats":
-            body, kind = json.dumps(self.server.owner.snapshot()).encode(), "application/json"
-        elif self.path == "/metrics":
-            body, kind = prometheus_text(self.server.owner.snapshot())
-        else:
-            self.send_error(404, "this server answers GET /metrics and GET /stats only")
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+_REASONS = {
+    200: "OK",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+}
 
-    def log_message(self, *args) -> None:
-        """Scrapes every few seconds would flood the broker's console."""
+
+def _response(status: int, body: bytes, kind: str) -> bytes:
+    head = (
+        f"HTTP/1.0 {status} {_REASONS[status]}\r\nContent-Type: {kind}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _close(selector, conns, conn) -> None:
+    selector.unregister(conn)
+    del conns[conn]
+    conn.close()
 
 
 def prometheus_text(stats: dict) -> tuple[bytes, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import operator
+import secrets
 import threading
 import time
 import traceback
@@ -112,6 +113,8 @@ class Broker:
         self.max_queued_bytes = max_queued_bytes
         self.instance = uuid.uuid4().hex[:16]
         """Sent in every reply: a client that sees it change knows for certain the broker restarted."""
+        self.fetch_token = secrets.token_hex(16) if self.data_plane in ("direct", "auto") else None
+        """Handed to registered agents in WELCOME: letter servers answer only FETCHes that carry it."""
         self._relay_edges: set[tuple[int, int]] = set()
         """Edges (writer, reader) whose reader cannot reach the writer's data plane: relayed here."""
         keys.check_bind(bind, curve is not None, insecure)
@@ -447,6 +450,7 @@ class Broker:
                 "max_payload": self.max_payload_bytes,
                 "topology": self._welcome_topology,
                 **({"data_plane": self.data_plane} if self.data_plane != "broker" else {}),
+                **({"fetch_token": self.fetch_token} if self.fetch_token else {}),
             },
         )
         if rank in self.locks.gone_ranks:
@@ -497,11 +501,16 @@ class Broker:
 
     def _on_collect(self, agent: Agent, msg: wire.Message) -> None:
         """A reader that could not open some writers' references names them: those edges are relayed
-        from now on (their writers are told in their ACKs to send the bytes along)."""
+        from now on (their writers are told in their ACKs to send the bytes along). Only writers it
+        reads from count: one COLLECT naming every rank made every writer upload every letter."""
         for j in msg.get("unreachable", ()):
-            if j < self.topology.n and j != agent.rank and (j, agent.rank) not in self._relay_edges:
+            if (j, agent.rank) in self._relay_edges:
+                continue
+            if j < self.topology.n and j != agent.rank and self.locks.reads_from(agent.rank, j):
                 self._relay_edges.add((j, agent.rank))
                 self._note("data-plane-fallbacks")
+            else:
+                self._note("relay-requests-ignored")
         self._send(self.locks.collect(agent.rank, msg["seq"], msg["round"], time.monotonic()))
 
     def _open_letter(self, letter: Letter, reader: int) -> tuple[dict, list, int]:
@@ -515,11 +524,16 @@ class Broker:
         return {**letter.header, "relayed": False}, [], 0
 
     def _relays(self, writer: int) -> list[int]:
-        """Readers that cannot open ``writer``'s references: its ACK tells it to send the bytes along."""
+        """Readers that cannot open ``writer``'s references, registered and still reading it as wired
+        now: its ACK tells it to send the bytes along (no bytes are uploaded for a reader that left)."""
         letter = self.locks.ranks[writer].last_letter
         if letter is None or "ref" not in letter.header:
             return []
-        return sorted(i for j, i in self._relay_edges if j == writer)
+        return sorted(
+            i
+            for j, i in self._relay_edges
+            if j == writer and self._agents[i].identity is not None and self.locks.reads_from(i, writer)
+        )
 
     # ------------------------------------------------------------ introspection
 

@@ -99,6 +99,8 @@ class GossipClient:
         self.broker: str | None = None
         """The broker's instance id, from WELCOME: a reply with another id means it restarted."""
         self.max_payload: int | None = None
+        self._max_header = wire.MAX_HEADER_BYTES
+        """The largest reply header read: a DELIVER carries one schema (under 1 MiB) per letter."""
         self.check_finite = check_finite
         self._takeover = takeover
         self.last_rounds: dict[int, int] = {}
@@ -152,12 +154,18 @@ class GossipClient:
         self.round = max(self.round, welcome["round"])
         self.broker = welcome.get("broker")
         self.max_payload = welcome.get("max_payload")
-        self._set_plane(welcome.get("data_plane", "broker"), restarted=previous not in (None, self.broker))
+        self._max_header = wire.MAX_HEADER_BYTES * (self.topology.n + 1)  # n - 1 letters, weights, envelope
+        self._set_plane(
+            welcome.get("data_plane", "broker"),
+            restarted=previous not in (None, self.broker),
+            token=welcome.get("fetch_token"),
+        )
 
-    def _set_plane(self, plane: str, restarted: bool) -> None:
+    def _set_plane(self, plane: str, restarted: bool, token: str | None) -> None:
         """Follow the data plane the broker's WELCOME names. The segment and letter server are this
         agent's own, so the references they hand out outlive a broker restart; what the new broker
-        lacks is which edges need a relay, so the writers this agent cannot reach are reported again."""
+        lacks is which edges need a relay, so the writers this agent cannot reach are reported again,
+        and its fetch token is the one letter servers take from now on."""
         if self._plane is not None and self._plane.plane != plane:
             self._plane.close()
             self._plane = None
@@ -165,8 +173,10 @@ class GossipClient:
             self._plane = dataplane.AgentPlane(
                 plane, self.address, self.mode, self._curve_files, fetch_timeout=self.heartbeat * self.liveness
             )
-        elif self._plane is not None and restarted:
-            self._plane.report_again()
+        if self._plane is not None:
+            self._plane.set_token(token)
+            if restarted:
+                self._plane.report_again()
 
     def close(self) -> None:
         """Say BYE (so the rank is free at once) and close. Safe to call twice."""
@@ -330,7 +340,7 @@ class GossipClient:
                     pass
                 continue
             try:
-                msg = wire.decode(self._sock.recv_multipart(copy=False))
+                msg = wire.decode(self._sock.recv_multipart(copy=False), max_header=self._max_header)
             except wire.WireError:
                 self._reset()
                 raise

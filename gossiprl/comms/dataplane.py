@@ -7,8 +7,12 @@ readers in DELIVER, as opaque as it handles payloads. PROTOCOL.md section 10 is 
 - Each writer owns a :class:`Segment`: an anonymous shared-memory file (``memfd_create``) with
   ``SLOTS`` slots, each stamped with a seqlock version. Nothing is ever named in /dev/shm, so no
   crash of any process can leak a segment: the kernel frees it when the last process holding the
-  file or a mapping of it exits. A reader on the same host maps it through
-  ``/proc/<writer pid>/fd/<fd>`` once and reads the tensors straight from it.
+  file or a mapping of it exits. The file is sealed against resizing before it is announced: a
+  mapping of a file that shrinks kills its reader with SIGBUS, so a reader maps only a sealed
+  segment whose header agrees with its size and the letter's schema. A reader on the same host
+  maps it through ``/proc/<writer pid>/fd/<fd>`` once and copies each letter out of it before
+  anything checks or mixes it: a writer's memory is the writer's to change, so what was checked
+  must be what is mixed.
 - ``direct``: the writer also serves its slots on a ZeroMQ ROUTER of its own (a
   :class:`LetterServer` thread); a reader on another host fetches them (:class:`Fetcher`), with
   CURVE when the swarm uses it.
@@ -28,7 +32,9 @@ into the slot.
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hmac
 import itertools
 import logging
 import math
@@ -59,7 +65,17 @@ HEADER_BYTES = 64
 """Segment header: magic (8 bytes), token (16), slots (u64), slot_bytes (u64), pid (u64), zero padding."""
 SLOT_HEADER_BYTES = 64
 """Slot header: version (u64; odd while being written), round (i64), zero padding."""
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+"""The seals a segment carries before it is announced: its size is fixed for good, so no mapping
+of it can ever reach past its end (a shrunk file kills whoever reads the lost pages with SIGBUS)."""
 FETCH, LETTER = "FETCH", "LETTER"
+SERVER_QUEUE = 4
+"""Replies a letter server queues for one connection (ZMQ_SNDHWM); past it they are dropped. A
+reader asks once per writer per round, so this is slack: it bounds what one connection that asks
+and never reads costs the writer (250 FETCHes took one from 46 to 880 MiB)."""
+SLOW_STRIKES = 3
+"""Rounds in a row a writer may connect and not answer in time before its edge goes to the relay:
+a starved process loses a round or two, a server that stalls on purpose loses its edge."""
 _DTYPES = {
     "float16": np.float16,
     "float32": np.float32,
@@ -137,8 +153,9 @@ class Segment:
         self.specs = specs
         self.offsets, self.slot_bytes = layout(specs)
         size = HEADER_BYTES + SLOTS * (SLOT_HEADER_BYTES + self.slot_bytes)
-        self.fd = os.memfd_create(f"gossiprl-{os.getpid()}", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(f"gossiprl-{os.getpid()}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, size)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS)
         self.map = mmap.mmap(self.fd, size)
         head = np.frombuffer(self.map, np.uint8, HEADER_BYTES)
         head[:8] = np.frombuffer(MAGIC, np.uint8)
@@ -224,44 +241,77 @@ def copy_whole(version_of, payload_of, slots: int, slot: int, version: int, late
     return None
 
 
+class SegmentRefused(OSError):
+    """A reference names something that is not a whole, sealed segment fitting the letter's schema."""
+
+
+class TornLetter(Exception):
+    """A sync-mode letter whose slot changed while it was copied: a writer that broke its promise."""
+
+
 class ShmReader:
-    """Maps writers' segments (once each) and reads letters out of them, checking the seqlock."""
+    """Maps writers' segments (once each) and copies letters out of them, checking the seqlock.
+
+    Everything in a segment was written by another process, possibly a hostile one: the seals,
+    size and header are checked before the first byte is mapped, and letters are handed out as
+    copies, so a writer that rewrites its slot while we mix changes nothing we checked.
+    """
 
     def __init__(self):
-        self._maps: dict[tuple[int, str], mmap.mmap] = {}
+        self._maps: dict[tuple[int, str], tuple[mmap.mmap, int]] = {}
+        self._copies: dict[tuple[int, str], bytearray] = {}
 
-    def _map(self, ref: Mapping) -> mmap.mmap:
+    def _map(self, ref: Mapping) -> tuple[mmap.mmap, int]:
+        """The segment (mapped read-only) and its slot payload size, checked against its file."""
         key = (ref["pid"], ref["token"])
-        seg = self._maps.get(key)
-        if seg is None:
-            # Non-blocking, and regular files only: a reference naming a pipe must not hang the reader.
-            fd = os.open(f"/proc/{int(ref['pid'])}/fd/{int(ref['fd'])}", os.O_RDONLY | os.O_NONBLOCK)
+        if key in self._maps:
+            return self._maps[key]
+        # Non-blocking, and regular files only: a reference naming a pipe must not hang the reader.
+        fd = os.open(f"/proc/{int(ref['pid'])}/fd/{int(ref['fd'])}", os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SegmentRefused("the descriptor does not name a shared-memory segment")
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_size < HEADER_BYTES:
-                    raise OSError("the descriptor does not name a shared-memory segment")
-                seg = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
-            finally:
-                os.close(fd)
-            if seg[:8] != MAGIC or seg[8:24].hex() != ref["token"]:
-                seg.close()
-                raise OSError("the descriptor names a file that is not that writer's segment")
-            for old in [k for k in self._maps if k[0] == key[0] or not os.path.exists(f"/proc/{k[0]}")]:
-                _unmap(self._maps.pop(old))  # that process's previous segment, or a dead writer's
-            self._maps[key] = seg
-        return seg
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            except OSError:  # a file that cannot be sealed at all
+                seals = 0
+            if seals & SEALS != SEALS:
+                raise SegmentRefused("the segment is not sealed against resizing (F_SEAL_SHRINK, GROW, SEAL)")
+            size = os.fstat(fd).st_size  # fixed for good now: read after the seals
+            if size < HEADER_BYTES:
+                raise SegmentRefused(f"the segment has {size} bytes, less than its {HEADER_BYTES}-byte header")
+            seg = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        slots, slot_bytes, pid = (int(v) for v in np.frombuffer(seg, np.uint64, 3, 24))
+        why = None
+        if seg[:8] != MAGIC or seg[8:24].hex() != ref["token"]:
+            why = "the descriptor names a file that is not that writer's segment"
+        elif slots != SLOTS or pid != ref["pid"] or slot_bytes % ALIGN:
+            why = f"the segment header says {slots} slots of {slot_bytes} bytes for pid {pid}"
+        elif size != HEADER_BYTES + SLOTS * (SLOT_HEADER_BYTES + slot_bytes):
+            why = f"the segment has {size} bytes, not the {SLOTS} slots of {slot_bytes} bytes its header claims"
+        if why is not None:
+            seg.close()
+            raise SegmentRefused(why)
+        for old in [k for k in self._maps if k[0] == key[0] or not os.path.exists(f"/proc/{k[0]}")]:
+            self._maps.pop(old)[0].close()  # that process's previous segment, or a dead writer's
+            self._copies.pop(old, None)
+        self._maps[key] = (seg, slot_bytes)
+        return seg, slot_bytes
 
-    def read(self, ref: Mapping, specs: Sequence[wire.TensorSpec], copy: bool) -> dict[str, np.ndarray] | None:
-        """The letter, or None when the slot no longer holds it (overwritten: a stale reference).
+    def read(self, ref: Mapping, specs: Sequence[wire.TensorSpec], latest: bool) -> dict[str, np.ndarray] | None:
+        """A private copy of the letter, or None when the slot no longer holds it (a stale reference).
 
-        ``copy=False`` (sync mode) hands back views into the writer's memory, valid until this
-        reader collects again; ``copy=True`` (async mode) copies the newest whole letter (see
-        ``copy_whole``) and checks the version after the copy.
+        ``latest=False`` (sync mode) copies exactly the referenced version, into a buffer kept per
+        writer and valid until this reader collects again (a fresh one per letter cost more than
+        the mix itself: page faults), and raises TornLetter if the version changed during the copy;
+        ``latest=True`` (async mode) copies the newest whole letter (see ``copy_whole``).
         """
-        seg = self._map(ref)
-        slots, slot_bytes = (int(v) for v in np.frombuffer(seg, np.uint64, 2, 24))
-        slot = int(ref["slot"])
-        if not 0 <= slot < slots or layout(specs)[1] > slot_bytes:
-            raise OSError("the descriptor does not fit the writer's segment")
+        seg, slot_bytes = self._map(ref)
+        slot = ref["slot"]
+        if type(slot) is not int or not 0 <= slot < SLOTS or layout(specs)[1] != slot_bytes:
+            raise SegmentRefused("the reference does not fit the writer's segment and the letter's schema")
 
         def start(s):
             return HEADER_BYTES + s * (SLOT_HEADER_BYTES + slot_bytes)
@@ -272,32 +322,24 @@ class ShmReader:
         def payload_of(s):
             return memoryview(seg)[start(s) + SLOT_HEADER_BYTES : start(s) + SLOT_HEADER_BYTES + slot_bytes]
 
-        if copy:
-            data = copy_whole(version_of, payload_of, slots, slot, int(ref["version"]), latest=True)
+        if latest:
+            data = copy_whole(version_of, payload_of, SLOTS, slot, int(ref["version"]), latest=True)
             return None if data is None else split_payload(data, specs)
-        return split_payload(payload_of(slot), specs) if version_of(slot) == ref["version"] else None
-
-    def intact(self, ref: Mapping) -> bool:
-        """Whether the slot still holds the letter ``ref`` names (checked after a sync-mode mix)."""
-        seg = self._maps.get((ref["pid"], ref["token"]))
-        if seg is None:
-            return True
-        slot_bytes = int(np.frombuffer(seg, np.uint64, 1, 32)[0])
-        start = HEADER_BYTES + int(ref["slot"]) * (SLOT_HEADER_BYTES + slot_bytes)
-        return int(np.frombuffer(seg, np.int64, 1, start)[0]) == ref["version"]
+        if version_of(slot) != ref["version"]:
+            return None
+        buf = self._copies.get(key := (ref["pid"], ref["token"]))
+        if buf is None:
+            buf = self._copies[key] = bytearray(slot_bytes)
+        memoryview(buf)[:] = payload_of(slot)
+        if version_of(slot) != ref["version"]:
+            raise TornLetter(f"slot {slot} of writer pid {ref['pid']} changed while it was copied")
+        return split_payload(buf, specs)
 
     def close(self) -> None:
-        for seg in self._maps.values():
-            _unmap(seg)
+        for seg, _ in self._maps.values():
+            seg.close()
         self._maps.clear()
-
-
-def _unmap(seg: mmap.mmap) -> None:
-    """Unmap now, or, while letters read in place still point into it, when the last of them goes."""
-    try:
-        seg.close()
-    except BufferError:
-        pass
+        self._copies.clear()
 
 
 # ------------------------------------------------------------------ direct: serving and fetching letters
@@ -339,16 +381,23 @@ class LetterServer:
     """A writer's ROUTER that serves FETCH requests from its segment, in a thread of its own.
 
     The slot is copied and its version checked again before the reply leaves, so a reader never
-    gets a letter that was being overwritten: it gets ``ok: false`` instead.
+    gets a letter that was being overwritten: it gets ``ok: false`` instead. Only a FETCH that
+    carries the swarm's fetch token (from the broker's WELCOME, so only registered agents hold it)
+    is answered; any other is dropped unanswered and counted in ``refused``: the port is reachable
+    by anyone on the host or network, the parameters are the swarm's.
     """
 
     def __init__(self, segment: Segment, host: str, curve=None):
         self.segment = segment
+        self.tokens: tuple[str, ...] = ()
+        """The fetch tokens answered: the current broker's, and the previous one across a restart."""
+        self.refused = 0
         self._curve = keys.CurveServer(*curve) if curve is not None else None
         self._ctx = self._curve.context if self._curve else zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, 4096)
+        self._sock.setsockopt(zmq.SNDHWM, SERVER_QUEUE)
         if self._curve is not None:
             self._curve.apply(self._sock)
         self._sock.bind(f"tcp://{host}:*")
@@ -368,11 +417,19 @@ class LetterServer:
                 if len(frames) != 2:
                     continue
                 try:
-                    self._answer(frames[0], _parse(frames[1]))
+                    req = _parse(frames[1])
+                    if not self._admits(req.get("token")):
+                        self.refused += 1
+                        continue
+                    self._answer(frames[0], req)
                 except (wire.WireError, zmq.ZMQError) as err:
-                    log.warning("letter server: refused a request: %s", err)
+                    self.refused += 1
+                    log.debug("letter server: refused a request: %s", err)
         finally:
             self._sock.close(linger=0)
+
+    def _admits(self, token) -> bool:
+        return isinstance(token, str) and any(hmac.compare_digest(token, t) for t in self.tokens)
 
     def _answer(self, identity: bytes, req: dict) -> None:
         seg, slot, version = self.segment, req.get("slot"), req.get("version")
@@ -406,8 +463,10 @@ class Fetcher:
 
     A writer is *unreachable* when no connection to it completed within the timeout; one that
     connected but answers late is only *slow* (a starved process): it is waited for up to
-    ``patience`` times longer, and past that its letter is dropped for this round, without giving
-    up on the edge.
+    ``patience`` times longer, and past that its letter is dropped for this round (AgentPlane gives
+    up on the edge after SLOW_STRIKES such rounds in a row). A reply is read only up to the size
+    the letter's schema gives (ZMQ_MAXMSGSIZE: a larger frame drops the connection before it is
+    buffered) and used only at exactly that size. Each FETCH carries ``token``, the swarm's.
     """
 
     def __init__(
@@ -418,16 +477,20 @@ class Fetcher:
     ):
         self._curve = dict(curve_client) if curve_client else None
         self._ctx = context or zmq.Context.instance()
-        self._socks: dict[str, tuple[zmq.Socket, zmq.Socket]] = {}
+        self._socks: dict[str, tuple[zmq.Socket, zmq.Socket, int]] = {}
         self._connected: set[str] = set()
         self._seq = itertools.count(1)
         self.patience = patience
+        self.token = ""
 
-    def _sock(self, ref: Mapping) -> zmq.Socket:
+    def _sock(self, ref: Mapping, nbytes: int) -> zmq.Socket:
         endpoint = ref["endpoint"]
+        if endpoint in self._socks and self._socks[endpoint][2] != nbytes:  # another schema: another limit
+            self._drop(endpoint)
         if endpoint not in self._socks:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, max(4096, nbytes))
             if self._curve is not None:
                 opts = {**self._curve, zmq.CURVE_SERVERKEY: str(ref.get("key", "")).encode()}
                 for option, value in opts.items():
@@ -436,7 +499,7 @@ class Fetcher:
                 zmq.EVENT_HANDSHAKE_SUCCEEDED, addr=f"inproc://gossiprl-fetch-monitor-{uuid.uuid4().hex}"
             )
             sock.connect(endpoint)
-            self._socks[endpoint] = (sock, monitor)
+            self._socks[endpoint] = (sock, monitor, nbytes)
         return self._socks[endpoint][0]
 
     def _reached(self, endpoint: str) -> bool:
@@ -448,7 +511,7 @@ class Fetcher:
 
     def _drop(self, endpoint: str) -> None:
         """Close a writer's socket, and with it whatever is queued to it; the next fetch reconnects."""
-        sock, monitor = self._socks.pop(endpoint)
+        sock, monitor, _ = self._socks.pop(endpoint)
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
@@ -462,14 +525,10 @@ class Fetcher:
         lost = {"overwritten": [], "unreachable": [], "slow": []}
         for rank, (ref, specs) in wanted.items():
             seq = next(self._seq)
-            sock = self._sock(ref)
+            sock = self._sock(ref, layout(specs)[1])
+            fields = {"slot": ref["slot"], "version": ref["version"], "latest": latest, "token": self.token}
             try:
-                sock.send(
-                    _frame(
-                        {"cmd": FETCH, "seq": seq, "slot": ref["slot"], "version": ref["version"], "latest": latest}
-                    ),
-                    flags=zmq.NOBLOCK,
-                )
+                sock.send(_frame({"cmd": FETCH, "seq": seq, **fields}), flags=zmq.NOBLOCK)
             except zmq.Again:
                 lost["unreachable"].append(rank)
                 continue
@@ -493,7 +552,7 @@ class Fetcher:
                 if entry is None:  # the answer to a request we gave up on
                     continue
                 rank, _, specs = entry
-                if reply.get("ok") is True and len(frames) == 2 and len(frames[1]) >= layout(specs)[1]:
+                if reply.get("ok") is True and len(frames) == 2 and len(frames[1]) == layout(specs)[1]:
                     got[rank] = split_payload(frames[1].buffer, specs)
                 else:
                     lost["overwritten"].append(rank)
@@ -520,8 +579,9 @@ class AgentPlane:
     or fetched from the writer's server. ``counts`` says which path each letter took and what
     was dropped: ``overwritten`` (a stale reference), ``unreachable`` (its edge then falls back to
     the relay), ``slow`` (a writer that connected but did not answer in time), ``writer-gone``
-    (its process died before we mapped its segment) and
-    ``torn`` (a sync-mode letter changed under a mix: a broken promise, never expected).
+    (its process died before we mapped its segment), ``refused`` (a DELIVER entry whose reference
+    or schema breaks PROTOCOL.md: that letter alone is dropped) and
+    ``torn`` (a sync-mode letter changed while it was copied: a broken promise, never expected).
     """
 
     def __init__(self, plane: str, broker_address: str, mode: str, curve=None, fetch_timeout: float = 3.0):
@@ -545,7 +605,8 @@ class AgentPlane:
         """Whether the last letter written into the segment was ACKed (PROTOCOL.md 10.3, Writing)."""
         self.unreachable: set[int] = set()
         self._to_report: set[int] = set()
-        self._reading: list[dict] = []
+        self._slow: dict[int, int] = {}
+        """Rounds in a row each writer connected but did not answer in time (see SLOW_STRIKES)."""
         self.counts = {
             k: 0
             for k in (
@@ -557,6 +618,7 @@ class AgentPlane:
                 "slow",
                 "writer-gone",
                 "torn",
+                "refused",
                 "sent-inline",
             )
         }
@@ -584,20 +646,20 @@ class AgentPlane:
         return {"round": round, "tensors": [s.to_wire() for s in specs], "ref": ref}, frames
 
     def collect_fields(self) -> dict:
-        """Tell the broker (once) which writers we cannot reach, so it relays their letters to us.
-
-        Called just before a COLLECT leaves, which is where the letters read in place stop being
-        guaranteed: so that is where they are checked for having stayed whole.
-        """
-        for ref in self._reading:
-            if not self.reader.intact(ref):
-                self.counts["torn"] += 1
-                log.error("a sync-mode letter was overwritten while it was mixed (writer pid %s)", ref.get("pid"))
-        self._reading = []
+        """Tell the broker (once) which writers we cannot reach, so it relays their letters to us."""
         if not self._to_report:
             return {}
         fields, self._to_report = {"unreachable": sorted(self._to_report)}, set()
         return fields
+
+    def set_token(self, token) -> None:
+        """The fetch token of the broker this agent just registered with (WELCOME ``fetch_token``).
+        Our server keeps answering the previous one too: readers re-register one by one after a
+        broker restart, and each still fetches with the old token until it has."""
+        token = token if isinstance(token, str) and 0 < len(token) <= 64 else ""
+        self.fetcher.token = token
+        if self.server is not None and token and token not in self.server.tokens:
+            self.server.tokens = (token, *self.server.tokens[:1])
 
     def report_again(self) -> None:
         """A restarted broker knows none of the relay edges: name every writer we cannot reach anew."""
@@ -607,17 +669,31 @@ class AgentPlane:
         out, remote = {}, {}
         for letter in deliver["messages"]:
             ref, rank = letter.get("ref"), letter["rank"]
+            if "refused" in letter:
+                self.counts["refused"] += 1
+                log.warning("dropped the letter of rank %d: %s", rank, letter["refused"])
+                continue
             if not isinstance(ref, dict) or letter.get("relayed"):
                 self.counts["relay"] += 1
                 continue
             if rank in self.unreachable:
                 self.counts["unreachable"] += 1
                 continue
-            fetchable = isinstance(ref.get("endpoint"), str) and ref["endpoint"].startswith("tcp://")
+            fetchable = (
+                isinstance(ref.get("endpoint"), str)
+                and ref["endpoint"].startswith("tcp://")
+                and type(ref.get("slot")) is int
+                and type(ref.get("version")) is int
+            )
             if self.plane != "direct" and ref.get("host") == self.host:
                 try:
-                    got = self.reader.read(ref, letter["specs"], copy=self.mode != "sync")
-                except (OSError, KeyError, TypeError, ValueError):
+                    got = self.reader.read(ref, letter["specs"], latest=self.mode != "sync")
+                except TornLetter as err:
+                    self.counts["torn"] += 1
+                    log.error("dropped a letter: %s", err)
+                    continue
+                except (OSError, KeyError, TypeError, ValueError) as err:
+                    log.warning("cannot map the segment of rank %d: %s", rank, err)
                     got = False
                 if got is None:
                     self.counts["overwritten"] += 1
@@ -630,8 +706,6 @@ class AgentPlane:
                 else:
                     self.counts["shm"] += 1
                     out[rank] = got
-                    if self.mode == "sync":
-                        self._reading.append(ref)
             elif fetchable:
                 remote[rank] = (ref, letter["specs"])
             else:
@@ -642,6 +716,13 @@ class AgentPlane:
             self.counts["direct"] += len(got)
             self.counts["overwritten"] += len(lost["overwritten"])
             self.counts["slow"] += len(lost["slow"])
+            for rank in got:
+                self._slow.pop(rank, None)
+            for rank in lost["slow"]:
+                self._slow[rank] = self._slow.get(rank, 0) + 1
+                if self._slow[rank] >= SLOW_STRIKES:
+                    del self._slow[rank]
+                    self._lost(rank)
             for rank in lost["unreachable"]:
                 self._lost(rank)
         return out

@@ -201,6 +201,10 @@ class TurnLocks:
             self._bypassed.move_to_end(gone)
         return hit
 
+    def reads_from(self, i: int, j: int) -> bool:
+        """Whether agent i reads j's letters in some round of the topology's period, as wired now."""
+        return any(j in self._in_peers(i, r) for r in range(self.topology.period))
+
     def _in_peers(self, i: int, round: int) -> set[int]:
         return set(self.row(i).in_peers(i, round))
 

@@ -35,6 +35,10 @@ MAX_TENSORS = 4096
 MAX_NAME_CHARS = 256
 MAX_NDIM = 8
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 31
+MAX_REF_FIELDS = 16
+MAX_REF_CHARS = 256
+"""A data-plane reference is a few scalars (PROTOCOL.md 10.2): the broker copies it into every
+reader's DELIVER, so it is bounded here (a 1 MiB one made every reader's DELIVER unreadable)."""
 MAX_UINT = (1 << 63) - 1
 """Largest seq or round: every integer field is checked against its range before anyone acts on it."""
 
@@ -294,6 +298,24 @@ def parse_specs(raw: Any, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[
     return specs
 
 
+def check_ref(ref: Any, where: str) -> None:
+    """A ``ref`` must be a small map of scalars; raise WireError saying so otherwise."""
+    if (
+        not isinstance(ref, dict)
+        or len(ref) > MAX_REF_FIELDS
+        or not all(
+            isinstance(k, str)
+            and len(k) <= MAX_REF_CHARS
+            and (type(v) in (int, bool) or isinstance(v, str) and len(v) <= MAX_REF_CHARS)
+            for k, v in ref.items()
+        )
+    ):
+        raise WireError(
+            f"{where} 'ref' must be a map of at most {MAX_REF_FIELDS} fields, each an int, a bool or a "
+            f"string of at most {MAX_REF_CHARS} characters (PROTOCOL.md section 10.2)"
+        )
+
+
 def _check_frames(specs: list[TensorSpec], frames: Sequence, what: str) -> None:
     if len(frames) != len(specs):
         raise WireError(f"{what}: schema lists {len(specs)} tensors but {len(frames)} payload frames came")
@@ -304,9 +326,12 @@ def _check_frames(specs: list[TensorSpec], frames: Sequence, what: str) -> None:
             )
 
 
-def decode(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Message:
-    """Parse and validate one message. Raises WireError, never anything else, on bad input."""
-    msg = decode_header(frames, max_payload)
+def decode(
+    frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, max_header: int = MAX_HEADER_BYTES
+) -> Message:
+    """Parse and validate one message. Raises WireError, never anything else, on bad input.
+    ``max_header``: a client raises it for DELIVER, whose header carries one schema per letter."""
+    msg = decode_header(frames, max_payload, max_header)
     if msg.cmd == PUBLISH:
         decode_payload(msg, max_payload)
     return msg
@@ -326,13 +351,15 @@ def decode_payload(msg: Message, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -
         raise
 
 
-def decode_header(frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Message:
+def decode_header(
+    frames: Sequence, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES, max_header: int = MAX_HEADER_BYTES
+) -> Message:
     """Parse and validate everything but a PUBLISH's tensor schema (see decode_payload)."""
     if not frames:
         raise WireError("empty message")
     head = _frame_bytes(frames[0])
-    if len(head) > MAX_HEADER_BYTES:
-        raise WireError(f"header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}", "too-large")
+    if len(head) > max_header:
+        raise WireError(f"header of {len(head)} bytes exceeds {max_header}", "too-large")
     try:
         header = msgpack.unpackb(
             head,
@@ -381,8 +408,8 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
                 _need(header, key, kind, cmd)
     if cmd in (PUBLISH, COLLECT):
         _need_int(header, "round", cmd, 0)
-    if cmd == PUBLISH and "ref" in header and not isinstance(header["ref"], dict):
-        raise WireError("PUBLISH 'ref' must be a map (PROTOCOL.md section 10)")
+    if cmd == PUBLISH and "ref" in header:
+        check_ref(header["ref"], "PUBLISH")
     if cmd == COLLECT and "unreachable" in header:
         ranks = header["unreachable"]
         if (
@@ -398,9 +425,14 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
         for letter in letters:
             if not isinstance(letter, dict) or not isinstance(letter.get("rank"), int):
                 raise WireError("each DELIVER entry needs an int 'rank'")
-            letter["specs"] = parse_specs(letter.get("tensors"), max_payload)
-            if "ref" in letter and not isinstance(letter["ref"], dict):
-                raise WireError("a DELIVER entry's 'ref' must be a map (PROTOCOL.md section 10)")
+            try:
+                letter["specs"] = parse_specs(letter.get("tensors"), max_payload)
+                if "ref" in letter:
+                    check_ref(letter["ref"], "a DELIVER entry's")
+            except WireError as err:
+                if _carries_frames(letter):  # where its frames end is unknown: nothing after it can be read
+                    raise
+                letter["refused"], letter["specs"] = str(err), []  # a reference alone: drop that letter only
             if _carries_frames(letter):
                 msg.specs.extend(letter["specs"])
         weights = header.get("weights")

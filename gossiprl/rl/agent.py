@@ -17,7 +17,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -102,6 +102,12 @@ def train(
             raise CheckpointError(
                 f"{checkpoint_path} was trained on {checkpoint['config'].get('env_id')}, "
                 f"this run asks for {cfg.env_id}: resume with that --env or use another --run-dir"
+            )
+        changed = changed_on_resume(checkpoint["config"], cfg)
+        if changed:
+            raise CheckpointError(
+                f"{checkpoint_path} was trained with {', '.join(changed)}: a resumed run keeps what it "
+                "learns with; resume with those settings (is config.json edited?) or use another --run-dir"
             )
     counters = checkpoint["counters"] if checkpoint else {"updates": 0, "frames": 0, "episodes": 0, "wall_s": 0.0}
     recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=100)
@@ -357,6 +363,25 @@ class MetricsLog:
         self.tb.close()
 
 
+def changed_on_resume(saved: Mapping, cfg, path: str = "") -> list[str]:
+    """'name=saved (now now)' for each setting a resume must keep that ``cfg`` changes.
+
+    The command line refuses such a flag (gossiprl.config.resume_values), but config.json is
+    data: a resumed run whose config.json had ``deviation_bound: null`` turned the bound off
+    silently. The checkpoint records what the agent learned with, so that is what is checked;
+    a field the checkpoint lacks (written by an older gossiprl) is taken as it comes."""
+    out = []
+    for f in fields(cfg):
+        value, name = getattr(cfg, f.name), f"{path}{f.name}"
+        if f.metadata.get("may_change_on_resume") or f.name not in saved:
+            continue
+        if is_dataclass(value) and isinstance(saved[f.name], Mapping):
+            out += changed_on_resume(saved[f.name], value, f"{name}.")
+        elif saved[f.name] != value:
+            out.append(f"{name}={saved[f.name]!r} (now {value!r})")
+    return out
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be trusted; the message names the file and what is wrong with it."""
 
@@ -366,7 +391,8 @@ def checkpoint_digest(state: dict) -> str:
 
     It is computed from the values, not the file's bytes, and stored inside the file: a flipped
     byte either breaks the file's structure (torch cannot read it) or changes a value (the
-    digest no longer matches), so no corruption loads silently with changed weights.
+    digest no longer matches), so no corruption loads silently with changed weights. It is
+    unkeyed, so it says nothing against tampering: whoever can write the file can recompute it.
     """
     h = hashlib.sha256()
 

@@ -16,7 +16,7 @@ import torch
 
 from gossiprl.rl.agent import load_checkpoint
 from gossiprl.rl.envs import make_env
-from gossiprl.rl.evaluate import _find_checkpoints, _play, _step_cap
+from gossiprl.rl.evaluate import _find_checkpoints, _play, _step_cap, check_env_module
 from gossiprl.rl.models import make_model
 from gossiprl.rl.policy import average_state_dicts
 
@@ -24,7 +24,7 @@ from gossiprl.rl.policy import average_state_dicts
 def average_checkpoints(paths: list[Path]) -> tuple[dict, dict]:
     """(averaged model state dict, config of the first checkpoint); every agent must share one env and network.
 
-    Checkpoints are read through agent.load_checkpoint, so a corrupt or tampered file is refused
+    Checkpoints are read through agent.load_checkpoint, so a corrupt file is refused
     by name rather than averaged in."""
     if not paths:
         raise ValueError("no checkpoints to average")
@@ -46,17 +46,20 @@ def evaluate_consensus(
     device: str = "cpu",
     seed: int = 12345,
     num_envs: int | None = None,
+    import_env_module: bool = False,
 ) -> dict:
     """Play ``episodes`` episodes with the agents' averaged parameters, under the same protocol
     (env seeds, per-slot quotas, sampled actions) as ``evaluate.evaluate`` plays each agent.
 
     ``run_dir`` is a run directory, or an explicit list of checkpoint paths (independent
     agents trained in separate run dirs). Returns ``{"mean", "std", "returns", "agents"}``.
+    ``import_env_module``: as ``evaluate.check_env_module`` says.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
     paths = list(run_dir) if isinstance(run_dir, list) else list(_find_checkpoints(Path(run_dir)).values())
     state, config = average_checkpoints(paths)
+    check_env_module(config["env_id"], paths[0], import_env_module)
     slots = min(num_envs or 8, episodes)
     envs = make_env(config["env_id"], slots, seed, sticky_actions=config.get("sticky_actions", 0.0))
     threads = torch.get_num_threads()

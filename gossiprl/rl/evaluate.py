@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -32,6 +33,22 @@ every env gets the same 30-minute-of-play ceiling. Atari and time-limited gymnas
 _CHECKPOINT_DIR = re.compile(r"agent-(\d+)")
 
 
+def check_env_module(env_id: str, source, allowed: bool) -> None:
+    """Refuse an env id read from a run directory that would import a module (``MODULE:ENV_ID``).
+
+    A run directory may come from anywhere, and is data: a config naming ``<rundir>.payload:CartPole-v1``
+    ran the code bundled with it on ``load_policy`` and ``gossiprl eval``. A module already imported
+    by the caller costs nothing to name; any other is imported only when the caller says so.
+    """
+    module, sep, _ = env_id.rpartition(":")
+    if sep and not allowed and module not in sys.modules:
+        raise ValueError(
+            f"{source} names env id {env_id!r}, which would import module {module!r} to register its env; "
+            "a run directory is data, so nothing it names is imported unless you trust it and say so: "
+            "import_env_module=True (gossiprl eval --import-env-module), or import the module yourself first"
+        )
+
+
 def evaluate(
     run_dir: str | os.PathLike,
     episodes: int = 10,
@@ -39,6 +56,7 @@ def evaluate(
     device: str = "cpu",
     seed: int = 12345,
     num_envs: int | None = None,
+    import_env_module: bool = False,
 ) -> dict:
     """Play ``episodes`` complete episodes with each agent's final policy; mean +- std.
 
@@ -53,7 +71,8 @@ def evaluate(
     ``episodes // n (+1 for the first episodes % n slots)`` episodes and anything it plays
     after that is ignored while the other slots finish.
 
-    std is the population std (ddof=0), so one episode gives 0 rather than NaN.
+    std is the population std (ddof=0), so one episode gives 0 rather than NaN. An env id of the
+    form MODULE:ENV_ID is refused unless ``import_env_module`` (see ``check_env_module``).
     Returns ``{"agents": {rank: {"mean", "std", "returns", "frames"}}, "overall": {"mean",
     "std", "episodes"}, "protocol": str}``; ``frames`` is how long that agent had trained.
     """
@@ -73,7 +92,9 @@ def evaluate(
     torch.set_num_threads(1)
     try:
         for rank, path in checkpoints.items():
-            env_id, agents[rank] = _evaluate_checkpoint(path, episodes, greedy, device, seed, slots, generator)
+            env_id, agents[rank] = _evaluate_checkpoint(
+                path, episodes, greedy, device, seed, slots, generator, import_env_module
+            )
             env_ids.add(env_id)
     finally:
         torch.set_num_threads(threads)
@@ -109,12 +130,20 @@ def _find_checkpoints(run_dir: Path) -> dict[int, Path]:
 
 
 def _evaluate_checkpoint(
-    path: Path, episodes: int, greedy: bool, device: str, seed: int, slots: int, generator: torch.Generator
+    path: Path,
+    episodes: int,
+    greedy: bool,
+    device: str,
+    seed: int,
+    slots: int,
+    generator: torch.Generator,
+    import_env_module: bool,
 ) -> tuple[str, dict]:
     """A fresh env per agent, seeded alike, so every agent meets the same start states."""
     checkpoint = load_checkpoint(path)
     config = checkpoint["config"]
     env_id = config["env_id"]
+    check_env_module(env_id, path, import_env_module)
     envs = make_env(env_id, slots, seed, sticky_actions=config.get("sticky_actions", 0.0))
     try:
         model = make_model(envs.observation_space, envs.action_space)

@@ -3,8 +3,9 @@
 ``load_policy(run_dir)`` gives the consensus policy (the plain average of every agent's final
 parameters: gossip drives the agents towards it, so it is the one policy to deploy after a
 decentralised run); ``load_policy(run_dir, agent=3)`` gives one agent's own. Checkpoints are
-read through ``agent.load_checkpoint`` (weights only, SHA-256 verified): a run directory may
-come from anywhere, and nothing in it is executed.
+read through ``agent.load_checkpoint`` (weights only, checked against their SHA-256 for
+corruption): a run directory may come from anywhere, and nothing in it is executed, nor any
+module it names imported unless the caller says so (``import_env_module``).
 
 Observations are what ``gossiprl.rl.envs.make_env`` yields for the run's env (on Atari: 4 stacked
 84x84 grayscale frames); ``Policy.make_env`` builds that env. ``record_videos`` plays episodes
@@ -23,7 +24,7 @@ import torch
 
 from gossiprl.rl.agent import load_checkpoint
 from gossiprl.rl.envs import ATARI_FRAMESKIP, atari_game, env_spec, is_atari, make_env
-from gossiprl.rl.evaluate import _find_checkpoints
+from gossiprl.rl.evaluate import _find_checkpoints, check_env_module
 from gossiprl.rl.models import make_model
 
 
@@ -83,12 +84,15 @@ class Policy:
         return f"Policy({self.name} on {self.env_id})"
 
 
-def load_policy(run_dir: str | os.PathLike, agent: str | int = "consensus", device: str = "cpu") -> Policy:
+def load_policy(
+    run_dir: str | os.PathLike, agent: str | int = "consensus", device: str = "cpu", import_env_module: bool = False
+) -> Policy:
     """The consensus policy of a run (``agent="consensus"``, the default) or agent ``rank``'s own.
 
     The env comes from the run's config.json when there is one (a ``gossiprl run``), else from
     the checkpoints (agents of a ``gossiprl agent`` swarm write only their own); every averaged
-    checkpoint must have been trained on that env.
+    checkpoint must have been trained on that env. An env id of the form MODULE:ENV_ID is refused
+    unless ``import_env_module`` or MODULE is already imported (``evaluate.check_env_module``).
     """
     checkpoints = _find_checkpoints(Path(run_dir))
     if agent == "consensus":
@@ -110,6 +114,7 @@ def load_policy(run_dir: str | os.PathLike, agent: str | int = "consensus", devi
             raise ValueError(
                 f"{path} was trained on {state['config']['env_id']}, not {env_id}: only agents of one env make a policy"
             )
+    check_env_module(env_id, run_dir, import_env_module)
     envs = make_env(env_id, 1, 0, sticky_actions=states[0]["config"].get("sticky_actions", 0.0))
     observation_space, action_space = envs.observation_space, envs.action_space
     envs.close()

@@ -102,7 +102,7 @@ def test_a_swarm_trains_on_it_and_the_policy_loads(user_module, tmp_path):
 
     import gossiprl
 
-    policy = gossiprl.load_policy(run_dir)
+    policy = gossiprl.load_policy(run_dir, import_env_module=True)  # our own run: its module is trusted
     envs = policy.make_env(num_envs=2)
     actions = policy.act(envs.reset())
     assert actions.shape == (2,)

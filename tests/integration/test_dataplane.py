@@ -159,7 +159,7 @@ def test_async_copy_never_returns_a_torn_letter():
             parent.send(None)
             ref = parent.recv()
             time.sleep(0.001 * (whole % 3))  # sometimes late: the writer has moved on
-            letter = reader.read(ref, spec, copy=True)
+            letter = reader.read(ref, spec, latest=True)
             if letter is None:
                 stale += 1
             else:
@@ -181,9 +181,9 @@ def test_stale_reference_reads_as_none():
     specs, first = seg.write({"x": x}, 0)
     for r in range(1, 4):  # three more letters: the first one's slot is taken again
         seg.write({"x": x * r}, r)
-    assert reader.read(first, specs, copy=False) is None
+    assert reader.read(first, specs, latest=False) is None
     specs, last = seg.write({"x": x * 7}, 4)
-    assert reader.read(last, specs, copy=False)["x"][0] == 7.0
+    assert reader.read(last, specs, latest=False)["x"][0] == 7.0
     reader.close()
     seg.close()
 
@@ -207,15 +207,14 @@ def test_writer_killed_mid_read_leaves_a_readable_letter_and_no_segment(tmp_path
         try:
             assert writer.stdout.readline().strip() == "published"
             with GossipClient(broker.address, 1, timeout=10, **FAST) as reader:
-                letters = reader.collect()  # views into the writer's segment
+                letters = reader.collect()  # copied out of the writer's segment
                 writer.send_signal(signal.SIGKILL)
                 writer.wait(10)
                 assert not os.path.exists(f"/proc/{writer.pid}")
-                assert float(letters[0]["x"].sum()) == 3.0 * (1 << 18), "the mapping died with the writer"
+                assert float(letters[0]["x"].sum()) == 3.0 * (1 << 18), "the letter died with the writer"
                 broker.declare_gone(0)
                 reader.publish({"x": np.zeros(1 << 18, np.float32)})
                 assert reader.collect() == {}, "a gone writer's letter was delivered twice"
-                del letters  # the last view into the dead writer's memory
         finally:
             if writer.poll() is None:
                 writer.kill()
@@ -509,10 +508,10 @@ def test_unknown_data_plane_is_refused_with_the_valid_ones():
 def test_a_new_schema_makes_a_new_segment_that_readers_tell_apart():
     seg, reader = Segment(), ShmReader()
     specs, ref = seg.write({"x": np.ones(4, np.float32)}, 0)
-    assert reader.read(ref, specs, copy=False)["x"].sum() == 4.0
+    assert reader.read(ref, specs, latest=False)["x"].sum() == 4.0
     specs, ref2 = seg.write({"x": np.full(1000, 2.0, np.float32)}, 1)
     assert ref2["token"] != ref["token"]
-    assert reader.read(ref2, specs, copy=False)["x"].sum() == 2000.0
+    assert reader.read(ref2, specs, latest=False)["x"].sum() == 2000.0
     reader.close()
     seg.close()
 
@@ -526,7 +525,7 @@ def test_a_reference_to_a_pipe_or_garbage_is_refused_not_followed():
         plane_ref = {"pid": os.getpid(), "fd": read_end, "token": "00" * 16, "slot": 0, "version": 2, "host": "here"}
         specs = [TensorSpec("x", "float32", (4,), 16, "float32")]
         with pytest.raises(OSError):
-            ShmReader().read(plane_ref, specs, copy=False)
+            ShmReader().read(plane_ref, specs, latest=False)
         from gossiprl.comms.dataplane import AgentPlane
         from gossiprl.comms.wire import Message
 

@@ -328,6 +328,7 @@ def test_killed_agent_restarts_with_resume_and_rejoins(tmp_path):
             "--stats-every",
             "1",
             "--stats-json",
+            "--insecure",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -85,7 +85,7 @@ def test_a_dead_serving_thread_is_recorded_and_the_broker_command_exits_non_zero
     port = free_port()
     poke = threading.Thread(target=_poke, args=(f"tcp://127.0.0.1:{port}",), daemon=True)
     poke.start()
-    result = invoke("broker", "--bind", f"tcp://127.0.0.1:{port}", "-n", 2, "--stats-every", 0)
+    result = invoke("broker", "--bind", f"tcp://127.0.0.1:{port}", "-n", 2, "--stats-every", 0, "--insecure")
     assert result.exit_code == 1, result.output
     assert "stopped serving" in result.output and "_Boom" in result.output
 

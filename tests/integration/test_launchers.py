@@ -269,7 +269,16 @@ def test_torchrun_starts_the_agents(tmp_path):
         pytest.skip("torchrun not found (it comes with torch)")
     port = free_port()
     broker = _cli(
-        "broker", "--bind", f"tcp://127.0.0.1:{port}", "--agents", "2", "--topology", "ring", "--stats-every", "0"
+        "broker",
+        "--bind",
+        f"tcp://127.0.0.1:{port}",
+        "--agents",
+        "2",
+        "--topology",
+        "ring",
+        "--stats-every",
+        "0",
+        "--insecure",
     )
     try:
         started = time.monotonic()

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from gossiprl import GossipClient
-from helpers import free_port
+from helpers import free_port, invoke
 
 pytest.importorskip("prometheus_client", reason="the monitor extra (prometheus-client) is not installed")
 pytest.importorskip("rich", reason="the monitor extra (rich) is not installed")
@@ -38,6 +39,7 @@ def swarm():
             "0",
             "--metrics-port",
             str(metrics),
+            "--insecure",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -189,3 +191,14 @@ def test_a_local_swarm_serves_its_brokers_stats_while_it_trains(tmp_path):
         run.terminate()
         run.wait(60)
     assert run.returncode == 143  # stopped by SIGTERM (terminate), after a clean stop
+
+
+@pytest.mark.timeout(60)
+def test_a_run_whose_metrics_port_is_taken_leaves_no_run_dir_behind(tmp_path):
+    """Issue 19 F15: a run that failed at start (metrics port taken) left a stub run dir, config.json
+    and all, which then refused the same --run-dir ('already holds a run')."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = invoke("run", "--agents", 2, "--metrics-port", port, "--run-dir", tmp_path / "run", "--no-progress")
+    assert result.exit_code == 1 and f"cannot serve stats on 127.0.0.1:{port}" in result.output, result.output
+    assert not (tmp_path / "run").exists(), "a run that never started left its run dir behind"

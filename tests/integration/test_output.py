@@ -240,13 +240,17 @@ def test_broker_prints_a_short_stats_line_and_exits_when_its_swarm_is_done():
             "--stats-every",
             "0.5",
             "--exit-when-done",
+            "--insecure",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     try:
-        address = broker.stdout.readline().split()[3].rstrip(":")
+        banner = broker.stdout.readline()
+        while not banner.startswith("gossiprl broker on"):  # after --insecure's warning
+            banner = broker.stdout.readline()
+        address = banner.split()[3].rstrip(":")
         clients = [GossipClient(address, r, timeout=10) for r in (0, 1)]
         clients[1].publish({"w": np.zeros(4, np.float32)})
         clients[0].publish({"w": np.ones(4, np.float32)})

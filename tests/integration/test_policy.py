@@ -1,5 +1,6 @@
 """load_policy and video on real checkpoints written by a short training run."""
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -122,3 +123,47 @@ def test_atari_video_replays_the_training_preprocessing(tmp_path):
     assert np.abs(replayed[3].astype(int) - trained_on[3]).mean() < 1  # Pong's first frame, whatever the no-ops
     (video,) = record_videos(policy, tmp_path / "videos", max_steps=100)
     assert video.stat().st_size > 0 and video.read_bytes()[4:8] == b"ftyp"
+
+
+PAYLOAD = """
+import pathlib
+pathlib.Path(__file__).with_name("payload-ran").write_text("the run dir's code ran")
+"""
+
+
+def _run_dir_naming_a_module(tmp_path, monkeypatch):
+    """A run dir whose config and checkpoint name env 'payload_19:CartPole-v1', payload_19 bundled beside it."""
+    import gymnasium as gym
+
+    from gossiprl.rl.agent import save_checkpoint
+    from gossiprl.rl.models import make_model
+
+    (tmp_path / "payload_19.py").write_text(PAYLOAD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = gym.make("CartPole-v1")
+    model = make_model(env.observation_space, gym.spaces.Discrete(2))
+    config = {"env_id": "payload_19:CartPole-v1"}
+    counters = {"updates": 1, "frames": 8, "episodes": 0, "wall_s": 1.0}
+    run_dir = tmp_path / "run"
+    (run_dir / "agent-0").mkdir(parents=True)
+    save_checkpoint(
+        run_dir / "agent-0" / "checkpoint.pt",
+        {"model": model.state_dict(), "optimizer": {}, "counters": counters, "config": config},
+    )
+    (run_dir / "config.json").write_text(json.dumps({"agent": config}))
+    return run_dir
+
+
+@pytest.mark.timeout(60)
+def test_a_run_dir_never_makes_load_policy_or_eval_import_the_module_it_names(tmp_path, monkeypatch):
+    """Issue 19 F12: a run dir whose config said env_id '<rundir>.payload:CartPole-v1' ran its bundled
+    code on gossiprl.load_policy and gossiprl eval."""
+    run_dir = _run_dir_naming_a_module(tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match="import_env_module=True"):
+        load_policy(run_dir)
+    result = invoke("eval", run_dir, "--episodes", 1)
+    assert result.exit_code == 1 and "--import-env-module" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "payload-ran").exists(), "the run dir's module was imported"
+    policy = load_policy(run_dir, import_env_module=True)  # the caller trusts it and says so
+    assert (tmp_path / "payload-ran").exists() and policy.env_id == "payload_19:CartPole-v1"

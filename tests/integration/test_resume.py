@@ -33,3 +33,62 @@ def test_resume_extends_the_budget_records_it_and_counts_every_sessions_time(tmp
     assert [a["frames"] for a in second["per_agent"].values()] == [4000, 4000]
     assert second["fps"] == pytest.approx(4000 / second["session_wall_seconds"])  # the frames this session trained
     assert "fps only this one" in second["time_definition"]
+
+
+def _strict_json(path):
+    def refuse(word):
+        raise ValueError(f"{path} holds {word}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+FINISHED = ("--agents", 1, "--total-frames", 1000, "--stop-at-return", "none", "--no-progress")
+
+
+@pytest.mark.timeout(120)
+def test_resuming_a_finished_run_keeps_its_return_and_writes_strict_json(tmp_path):
+    """Issue 19 F15: --resume of a finished run trained nothing, then rewrote summary.json with NaN
+    (invalid JSON) in place of the run's real return."""
+    run_dir = tmp_path / "run"
+    flags = (*FINISHED, "--run-dir", run_dir)
+    assert invoke("run", *flags).exit_code == 0
+    first = _strict_json(run_dir / "summary.json")
+    assert isinstance(first["mean_return"], float)
+    result = invoke("run", *flags, "--resume")
+    assert result.exit_code == 0, result.output
+    second = _strict_json(run_dir / "summary.json")
+    assert second["frames"] == first["frames"] and second["episodes"] == 0, second  # nothing left to train
+    assert second["mean_return"] == first["mean_return"], second
+
+
+@pytest.mark.timeout(120)
+def test_resuming_a_run_stopped_before_any_checkpoint_starts_its_agents_afresh(tmp_path):
+    """Issue 19 F15: every agent of such a run waited to adopt its neighbours' parameters, which had
+    none: 60 s of silence, then a GossipTimeout traceback and half the budget trained."""
+    run_dir = tmp_path / "run"
+    flags = ("--agents", 2, "--stop-at-return", "none", "--run-dir", run_dir, "--no-progress")
+    assert invoke("run", *flags, "--total-frames", 1000).exit_code == 0
+    for checkpoint in run_dir.glob("agent-*/checkpoint.pt"):
+        checkpoint.unlink()  # as if it had stopped before its first checkpoint
+    result = invoke("run", *flags, "--total-frames", 1000, "--resume", "--gossip-timeout", 20)
+    assert result.exit_code == 0, result.output
+    assert "no agent of" in result.output and "start afresh" in result.output, result.output
+    summary = _strict_json(run_dir / "summary.json")
+    assert summary["frames"] >= 1000 and summary["failed"] == {}, summary
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("edit", [{"deviation_bound": None}, {"a2c": {"lr": 0.5}}])
+def test_a_resume_whose_config_json_changes_what_the_agents_learn_with_is_refused(tmp_path, edit):
+    """Issue 19 F14: a resumed run whose config.json said deviation_bound: null turned the bound off
+    silently (the command line refuses such a flag; config.json is data)."""
+    run_dir = tmp_path / "run"
+    assert invoke("run", *FINISHED, "--run-dir", run_dir).exit_code == 0
+    config = json.loads((run_dir / "config.json").read_text())
+    for key, value in edit.items():
+        config["agent"][key] = {**config["agent"][key], **value} if isinstance(value, dict) else value
+    (run_dir / "config.json").write_text(json.dumps(config))
+    result = invoke("run", *FINISHED, "--total-frames", 2000, "--run-dir", run_dir, "--resume")
+    assert result.exit_code == 1, result.output
+    name = next(iter(edit)) if "a2c" not in edit else "a2c.lr"
+    assert f"was trained with {name}=" in result.output and "config.json edited?" in result.output, result.output

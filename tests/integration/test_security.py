@@ -137,6 +137,17 @@ def test_cli_refuses_a_public_bind_without_keys_and_says_how_to_make_them():
 
 
 @pytest.mark.timeout(10)
+@pytest.mark.parametrize("bind", ["tcp://127.0.0.1:0", "tcp://localhost:0", "tcp://[::1]:0"])
+def test_cli_refuses_a_keyless_loopback_tcp_bind_without_insecure(bind):
+    """Issue 19 B6: an unprivileged local user took over a rank of a keyless loopback broker and got
+    1e30 mixed in (and 12 x 256 MiB frames from a stranger's socket took the broker to 6.2 GB)."""
+    result = invoke("broker", "--bind", bind, "--agents", 2)
+    assert result.exit_code == 2, result.output
+    for words in ("every user of this host", "ipc://", "gossiprl keys generate", "--insecure"):
+        assert words in result.output, result.output
+
+
+@pytest.mark.timeout(10)
 def test_insecure_public_bind_starts_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="gossiprl.comms.keys"):
         broker = Broker(topologies.make("ring", 2), "tcp://0.0.0.0:0", insecure=True)

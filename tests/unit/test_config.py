@@ -185,7 +185,12 @@ def test_a_flag_beats_the_file(tmp_path, recorded):
     ],
 )
 def test_unknown_keys_and_bad_values_are_refused_in_one_line_and_nothing_starts(tmp_path, recorded, text, words):
-    path = tmp_path / "run.toml"
+    _refused_in_one_line(tmp_path, recorded, "run.toml", text, words)
+
+
+def _refused_in_one_line(tmp_path, recorded, name, text, words):
+    """`run --config` a file holding ``text``: one Error line with ``words``, and nothing started."""
+    path = tmp_path / name
     path.write_text(text)
     result = invoke("run", "--config", path, "--run-dir", tmp_path / "r", "--no-progress")
     assert result.exit_code == 2, result.output
@@ -295,3 +300,20 @@ def test_the_command_line_is_built_without_importing_torch():
     code = "import sys, gossiprl.cli; print(sorted({'torch', 'gymnasium'} & sys.modules.keys()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abc", "bcd")
+)  # 9**4 items here; the 530-byte classic nests nine levels deep (9**9)
+
+
+@pytest.mark.parametrize(
+    "name,text,words",
+    [
+        ("bomb.yaml", BOMB, ["not valid YAML", "aliases (*name) are not allowed"]),
+        ("big.toml", "# " + "x" * config.MAX_CONFIG_BYTES + "\n", ["is over 1,048,576 bytes"]),
+    ],
+)
+def test_a_yaml_alias_bomb_or_an_oversized_file_is_refused_before_it_is_expanded(tmp_path, recorded, name, text, words):
+    """Issue 19 F14: a 530-byte YAML alias bomb took the config loader to 2.3 GB."""
+    _refused_in_one_line(tmp_path, recorded, name, text, words)
