@@ -325,6 +325,7 @@ def make(name: str, n: int, **options: Any) -> Topology:
     book per round (see :mod:`topologies.families` and docs/topologies.md).
     ``one-peer-exponential``, ``hypercube`` (``time_varying``), ``torus`` (``rows``),
     ``random-regular`` (``degree``, ``seed``): the graphs later work found to mix best per byte.
+    ``star`` (``hub``) and ``tree`` (``arity``): the parameter-server and hierarchical shapes.
     Weights are uniform over self and in-peers, the PALA update (x_i + sum m_j) / (1 + |N_in|).
     """
     if not isinstance(name, str) or name not in NAMES:

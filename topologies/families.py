@@ -7,8 +7,10 @@ round (SGP's ``_rotate_group_indices``). Every rank uses the same window positio
 round's graph is a set of permutations and every agent hears from exactly as many peers as it
 sends to. The others are the graphs later work found mix best per byte sent: the one-peer
 exponential graph (Ying et al., NeurIPS 2021), the hypercube, the 2-D torus and random
-regular graphs. Weights are uniform over self and the round's in-peers (the PALA update), so
-every matrix here is row-stochastic, and doubly stochastic because each round is regular.
+regular graphs. Then the two shapes of the parallel-RL systems PALA grew out of: the star (one hub,
+a parameter server that also learns) and the k-ary tree. Weights are uniform over self and the
+round's in-peers (the PALA update), so every matrix here is row-stochastic, and doubly stochastic
+where each round is regular (the star and the tree are not).
 """
 
 from __future__ import annotations
@@ -187,6 +189,43 @@ def _random_regular(n: int, options: Mapping[str, Any]) -> tuple[list[np.ndarray
     )
 
 
+def _star(n: int, options: Mapping[str, Any]) -> tuple[list[np.ndarray], dict]:
+    """The hub exchanges with every leaf, leaves only with the hub: the parameter-server shape of
+    A3C, DPPO and Gorila, with the server as one more learner. With uniform weights the hub takes
+    1/n of each agent and each leaf half its own and half the hub's: row- but not doubly
+    stochastic, so consensus lands near, not on, the plain mean; the hub's links carry n - 1
+    letters a round each way."""
+    normalized = {}
+    hub = 0
+    if "hub" in options:
+        hub = _integer(options["hub"], "hub")
+        if not 0 <= hub < n:
+            raise TopologyError(f"hub must be a rank from 0 to {n - 1}, got {hub}")
+        normalized["hub"] = hub
+    sends = np.zeros((n, n), dtype=bool)
+    sends[hub, :] = sends[:, hub] = True
+    np.fill_diagonal(sends, False)
+    return [_from_adjacency(sends)], normalized
+
+
+def _tree(n: int, options: Mapping[str, Any]) -> tuple[list[np.ndarray], dict]:
+    """A complete k-ary tree in rank order (rank i's parent is (i - 1) // k): every agent
+    exchanges with its parent and its children, the layout of hierarchical parameter servers and
+    tree all-reduce. Letters cross the tree in about 2 log_k n rounds."""
+    normalized = {}
+    arity = 2
+    if "arity" in options:
+        arity = _integer(options["arity"], "arity")
+        if arity < 1:
+            raise TopologyError(f"arity must be >= 1 (children per agent; 1 is a line), got {arity}")
+        normalized["arity"] = arity
+    sends = np.zeros((n, n), dtype=bool)
+    child = np.arange(1, n)
+    parent = (child - 1) // arity
+    sends[child, parent] = sends[parent, child] = True
+    return [_from_adjacency(sends)], normalized
+
+
 def _connected(sym: np.ndarray) -> bool:
     seen = np.zeros(len(sym), dtype=bool)
     seen[0] = True
@@ -237,4 +276,6 @@ FAMILIES: dict[str, tuple[tuple[str, ...], Builder]] = {
     "hypercube": (("time_varying",), _hypercube),
     "torus": (("rows",), _torus),
     "random-regular": (("degree", "seed"), _random_regular),
+    "star": (("hub",), _star),
+    "tree": (("arity",), _tree),
 }

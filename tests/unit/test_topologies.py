@@ -379,7 +379,7 @@ def test_csv_with_few_digits_still_matches_digest(tmp_path):
 @pytest.mark.parametrize(
     "call, words",
     [
-        (lambda: make("star", 4), ["unknown topology 'star'", "ring, sparse, full"]),
+        (lambda: make("wheel", 4), ["unknown topology 'wheel'", "ring, sparse, full"]),
         (lambda: make("ring", 0), ["n must be >= 1", "got 0"]),
         (lambda: make("ring", -3), ["n must be >= 1"]),
         (lambda: make("ring", 2.5), ["n must be an integer"]),
@@ -520,7 +520,7 @@ def test_from_dict_accepts_minimal_hand_written_configs():
         ({"name": "ring", "n": 4, "peer": 1}, ["unknown key 'peer'", "name, n, options, matrix, digest"]),
         ({"n": 4}, ["needs a 'name'"]),
         ({"name": "ring"}, ["needs 'n'"]),
-        ({"name": "star", "n": 4}, ["unknown topology 'star'", "ring, sparse, full", "'matrix'"]),
+        ({"name": "wheel", "n": 4}, ["unknown topology 'wheel'", "ring, sparse, full", "'matrix'"]),
         ({"name": "ring", "n": 4, "options": {"peers": 2}}, ["unknown option 'peers'"]),
         ({"name": "ring", "n": 4, "options": [1]}, ["options must be a mapping"]),
         ({"name": "ring", "n": 3, "matrix": make("full", 3).matrix.tolist()}, ["does not match 'ring'"]),
@@ -755,7 +755,14 @@ def test_metropolis_hastings_makes_an_irregular_graph_doubly_stochastic():
 def brute_force_rounds(t: Topology, target: float = 0.01, cap: int = 5000):
     """Step the product round by round: an independent check of the binary lifting in diagnose()."""
     n = t.n
-    j = np.full((n, n), 1.0 / n)
+    period = np.eye(n)
+    for r in range(t.period):
+        period = t.at(r).matrix @ period
+    # where the agents end up: the plain mean for doubly stochastic rounds, the weighted average of
+    # the period's left Perron vector otherwise (the star's hub and the tree's inner nodes weigh more)
+    values, vectors = np.linalg.eig(period.T)
+    pi = np.real(vectors[:, np.argmin(abs(values - 1))])
+    j = np.outer(np.ones(n), pi / pi.sum())
     phi = np.eye(n)
     for m in range(1, cap):
         phi = t.at(m - 1).matrix @ phi
@@ -780,8 +787,13 @@ def test_rounds_to_one_percent_matches_stepping_the_product(t):
     d = t.diagnostics()
     assert d.rounds_to_target == brute_force_rounds(t)
     w = np.linalg.multi_dot([t.at(r).matrix for r in reversed(range(t.period))]) if t.period > 1 else t.matrix
-    singular = np.linalg.svd(w, compute_uv=False)
-    assert d.contraction == pytest.approx(singular[1] if singular[1] > 1e-9 else 0.0, abs=1e-9)  # doubly stochastic
+    if np.allclose(w.sum(axis=0), 1.0):  # doubly stochastic: the second singular value
+        singular = np.linalg.svd(w, compute_uv=False)
+        assert d.contraction == pytest.approx(singular[1] if singular[1] > 1e-9 else 0.0, abs=1e-9)
+    else:  # otherwise the distance to the projection onto the Perron-weighted average
+        values, vectors = np.linalg.eig(w.T)
+        pi = np.real(vectors[:, np.argmin(abs(values - 1))])
+        assert d.contraction == pytest.approx(np.linalg.norm(w - np.outer(np.ones(t.n), pi / pi.sum()), 2), abs=1e-9)
 
 
 @pytest.mark.parametrize("n", [4, 8, 13, 64])
@@ -886,3 +898,26 @@ def test_from_spec_reads_names_with_options_and_matrix_files(tmp_path):
         topologies.from_spec("ring")
     with pytest.raises(TopologyError, match="neither a topology"):
         topologies.from_spec("mesh", 4)
+
+
+def test_star_hub_hears_everyone_and_leaves_hear_the_hub():
+    t = make("star", 5)
+    assert t.out_peers(0) == (1, 2, 3, 4) and all(t.out_peers(i) == t.in_peers(i) == (0,) for i in range(1, 5))
+    assert t.weights(0) == {r: 0.2 for r in range(5)} and t.weights(3) == {0: 0.5, 3: 0.5}
+    assert make("star", 4, hub=2).out_peers(2) == (0, 1, 3) and make("star", 4, hub=2).in_peers(0) == (2,)
+    assert hears_everyone([t.matrix]) and not t.diagnostics().exact
+    with pytest.raises(TopologyError, match="hub must be a rank from 0 to 3"):
+        make("star", 4, hub=4)
+
+
+def test_tree_links_parents_and_children_in_rank_order():
+    t = make("tree", 8)  # binary: 0 -> 1, 2; 1 -> 3, 4; 2 -> 5, 6; 3 -> 7
+    assert [t.out_peers(i) for i in range(8)] == [(1, 2), (0, 3, 4), (0, 5, 6), (1, 7), (1,), (2,), (2,), (3,)]
+    assert all(t.out_peers(i) == t.in_peers(i) for i in range(8)) and hears_everyone([t.matrix])
+    assert make("tree", 7, arity=3).out_peers(0) == (1, 2, 3) and make("tree", 4, arity=1).out_peers(1) == (0, 2)
+    with pytest.raises(TopologyError, match="arity must be >= 1"):
+        make("tree", 4, arity=0)
+    x = np.random.default_rng(1).normal(size=(8, 2))
+    for _ in range(t.diagnostics().rounds_to_target + 50):  # row-stochastic and connected: agents agree
+        x = t.matrix @ x
+    assert np.ptp(x, axis=0).max() < 1e-2 * 4
