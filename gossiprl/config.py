@@ -293,13 +293,25 @@ def _leaves(data: dict, path: tuple[str, ...] = ()):
 
 
 def _upgrade(data: dict) -> dict:
-    """A config.json written before the swarm held its budget and agents_per_host had that name:
-    agent.agents was agents per host, and the swarm's budget was agent.total_frames x agents."""
+    """A run's config.json written by an older gossiprl, in today's terms, so a resumed run learns
+    with what it started with.
+
+    Before the swarm held its budget and agents_per_host had that name, agent.agents was agents
+    per host, and the swarm's budget was agent.total_frames x agents. Before shared_init existed
+    (a whole run's dump has checkpoint_every and a2c; a file a person wrote need not), every agent
+    drew its own initial network, and an unset entropy_coef meant 0 on MinAtar, where it now means
+    the papers' 0.01."""
     swarm, agent = dict(data.get("swarm") or {}), dict(data.get("agent") or {})
     if "agents" in agent:
         agent["agents_per_host"] = agent.pop("agents")
         if "total_frames" not in swarm and "total_frames" in agent and "agents" in swarm:
             swarm["total_frames"] = agent["total_frames"] * swarm["agents"]
+    if {"checkpoint_every", "a2c"} <= agent.keys() and "shared_init" not in agent:
+        agent["shared_init"] = False
+        a2c = dict(agent["a2c"] or {})
+        if a2c.get("entropy_coef") is None and str(agent.get("env_id", "")).startswith("MinAtar/"):
+            a2c["entropy_coef"] = 0.0  # rl.envs.is_minatar's test, without importing the RL stack
+        agent["a2c"] = a2c
     return {**data, "swarm": swarm, "agent": agent}
 
 

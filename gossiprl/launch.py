@@ -37,6 +37,7 @@ from .comms.dataplane import PLANES
 from .comms.gossip import Gossip
 from .comms.turnlocks import MODES
 from .comms.wire import CODECS
+from .rl.settings import host_cores, thread_plan
 
 log = logging.getLogger("gossiprl.launch")
 
@@ -63,14 +64,6 @@ MAX_HEARTBEAT_S = 10.0
 AGENT_MEMORY_MB = 130
 """Resident memory of one CartPole agent process (torch, gymnasium, the model): 100 agents took
 12.5 GB. Atari agents take more."""
-
-
-def host_cores() -> int:
-    """Cores this process may run on (its affinity mask, as taskset or a container's cpuset set it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclass
@@ -794,10 +787,10 @@ def run_agent(
     sharing = agents_sharing_host(address, client.topology.n) if size_from_swarm else None
     if sharing is not None and not agent_cfg.torch_threads:
         agent_cfg = replace(agent_cfg, agents_per_host=sharing)
-        cores = os.cpu_count() or 1
         echo(
-            f"agent-{rank}: the broker is on this host, so its {sharing} agents may share this host's {cores} "
-            f"core(s): {max(1, cores // sharing)} env thread(s) each; pass --agents-per-host N to size it yourself"
+            f"agent-{rank}: the broker is on this host, so its {sharing} agents may share this host's "
+            f"{host_cores()} core(s): {thread_plan(agent_cfg)['env']} env thread(s) each; pass --agents-per-host N "
+            "to size it yourself"
         )
     gossip = Gossip(
         client,

@@ -92,7 +92,7 @@ class AgentConfig:
     are mixed in one update later (one round of delay, as GALA's non-blocking gossip). Faster on a
     busy host (no agent idles on its neighbours' jitter), but the stale mix advances the swarm's
     mean by only 2 / (2 - p_ii) of each update (2/3 on a ring), and on MinAtar Breakout a ring of 4
-    learned less per frame (4.61 against 4.81 blocking at 250k frames per agent); off, every
+    learned less per frame (4.58 against 4.81 blocking at 250k frames per agent, 3 seeds); off, every
     update waits until the in-peers' letters of the same round are mixed in (PALA's Algorithm 2).
     See docs/algorithm.md and experiments/RESULTS.md."""
     aggregate: str = field(default="mean", metadata={"choices": AGGREGATES})
@@ -112,6 +112,14 @@ class AgentConfig:
     """The learner's hyperparameters (paper defaults)."""
 
 
+def host_cores() -> int:
+    """Cores this process may run on (its affinity mask, as taskset or a container's cpuset set it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def thread_plan(cfg: AgentConfig) -> dict[str, int]:
     """Intra-op threads for torch and worker threads for the env (ALE), chosen apart.
 
@@ -122,5 +130,5 @@ def thread_plan(cfg: AgentConfig) -> dict[str, int]:
     with one thread it kept its pace). ALE's C++ envs run in threads of their own while torch
     waits for them, so they get this agent's share of the host's cores.
     """
-    cores = max(1, len(os.sched_getaffinity(0)) // (cfg.agents_per_host or 1))
+    cores = max(1, host_cores() // (cfg.agents_per_host or 1))
     return {"torch": cfg.torch_threads or 1, "env": cfg.torch_threads or cores}

@@ -295,6 +295,24 @@ def test_a_config_json_from_before_agents_per_host_still_resumes(tmp_path, recor
     assert swarm_cfg.total_frames == 3000
 
 
+def test_a_config_json_from_before_shared_init_resumes_with_what_it_learned_with(tmp_path, recorded):
+    """Runs started before shared_init drew one network per agent, and their MinAtar entropy_coef
+    of None meant 0 then: a resume keeps both, while a new run takes today's defaults."""
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    agent = asdict(AgentConfig(env_id="MinAtar/Breakout-v1", total_frames=1500))
+    del agent["shared_init"], agent["gossip_overlap"]
+    swarm = asdict(SwarmConfig(agents=2))
+    (run_dir / "config.json").write_text(json.dumps({"swarm": swarm, "agent": agent, "topology": None}))
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (_, agent_cfg, _), _ = recorded[0]
+    assert (agent_cfg.shared_init, agent_cfg.gossip_overlap, agent_cfg.a2c.entropy_coef) == (False, False, 0.0)
+    invoke("run", "--env", "MinAtar/Breakout-v1", "--run-dir", tmp_path / "new", "--no-progress")
+    (_, fresh, _), _ = recorded[1]
+    assert (fresh.shared_init, fresh.gossip_overlap, fresh.a2c.entropy_coef) == (True, False, None)
+
+
 def test_the_command_line_is_built_without_importing_torch():
     """The settings dataclasses are torch-free so `gossiprl broker` starts on the comms-only install."""
     code = "import sys, gossiprl.cli; print(sorted({'torch', 'gymnasium'} & sys.modules.keys()))"
