@@ -33,7 +33,10 @@ def study_figure(
     env_id: str,
     time_split: bool = False,
     threshold: float | None = None,
+    frames_per_agent: bool = False,
 ) -> None:
+    """``frames_per_agent``: the frames axis counts each agent's frames (studies that give every
+    agent the same budget), not the whole swarm's."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -42,7 +45,7 @@ def study_figure(
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, panels)
     present = [s for s in settings if any(r["setting"] == s for r in rows)]
-    max_frames = max(r["frames"] for r in rows)
+    max_frames = max(r["frames"] / (r["agents"] if frames_per_agent else 1) for r in rows)
     max_wall = max(float(row["wall_s"]) for r in rows for row in read_curves(out, cell_key(r["setting"], r["seed"])))
     grids = {"frames": np.linspace(0, max_frames, GRID_POINTS), "wall_s": np.linspace(0, max_wall, GRID_POINTS)}
     for k, setting in enumerate(present):
@@ -58,7 +61,7 @@ def study_figure(
                         read_curves(out, cell_key(r["setting"], r["seed"])),
                         x,
                         grid,
-                        r["agents"],
+                        1 if frames_per_agent else r["agents"],
                         hold_last=x == "wall_s",
                     )
                     for r in mine
@@ -70,7 +73,7 @@ def study_figure(
             ax.fill_between(xs, mean - half, mean + half, color=color, alpha=0.2, linewidth=0)
     for ax, x in zip(axes, ("frames", "wall_s")):
         ax.set_xlabel(
-            "frames, whole swarm (M)"
+            ("frames per agent (M)" if frames_per_agent else "frames, whole swarm (M)")
             if x == "frames"
             else "wall-clock of training on the same 2 cores (s), after start-up"
         )

@@ -155,7 +155,15 @@ def finish(
     table = aggregate(rows, settings, METRICS)
     write_csv(out / "summary.csv", table)
     study_figure(
-        out, rows, settings, out / "figure.png", study.title, env_id, time_split=study.time_split, threshold=threshold
+        out,
+        rows,
+        settings,
+        out / "figure.png",
+        study.title,
+        env_id,
+        time_split=study.time_split,
+        threshold=threshold,
+        frames_per_agent=study.frames_per_agent,
     )
     for entry in table:
         click.echo(
