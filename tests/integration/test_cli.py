@@ -25,7 +25,7 @@ def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
 @pytest.mark.parametrize(
     "args,words",
     [
-        (["topology", "show", "star"], "neither a topology"),
+        (["topology", "show", "wheel"], "neither a topology"),
         (["run", "--agents", "0"], "0 is not in the range"),
         (["run", "--env", "NoSuchEnv-v9"], "NoSuchEnv-v9"),
         (["run", "--topology", "mesh"], "ring, sparse, full"),
