@@ -35,8 +35,8 @@ STUDIES = [
 NOTES = {
     "scaling": "**Per-second comparisons here are void.** These cells ran when every agent got cores // agents "
     "torch threads, so the single A2C agent ran 2 intra-op threads on cores other jobs also loaded, and "
-    "such an agent collapses (`gossiprl bench train`'s row 'one agent, one core busy, old threads': 0.29x "
-    "the minimal loop under the same load, against 0.85x with one thread): its 556 frames/s, and every "
+    "such an agent collapses (`gossiprl bench train`'s row 'one agent, one core busy, old threads': 0.28x "
+    "the minimal loop under the same load, against 1.15x with one thread): its 556 frames/s, and every "
     "'swarm beats one agent per second' reading, come from that. Agents now take one torch thread; the "
     "per-frame columns stand.",
     "swarm_learning": "The cells of each setting ran one seed after another, all settings per seed, on the "
