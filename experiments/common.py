@@ -154,8 +154,7 @@ def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
         "gossip_every": cell.gossip_every,
         "runner": cell.runner.__name__ if cell.runner else None,
     }
-    if cell.agent or LOOP_VERSION > 1:  # cells run before the loop changed keep their fingerprints
-        what.update(agent=cell.agent, loop=LOOP_VERSION)
+    what.update(agent=cell.agent, loop=LOOP_VERSION)  # a cell of an older loop is never reused for a newer one
     return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -177,7 +177,7 @@ def test_a_local_swarm_serves_its_brokers_stats_while_it_trains(tmp_path):
         text=True,
     )
     try:
-        banner = run.stdout.readline() + run.stdout.readline()
+        banner = "".join(run.stdout.readline() for _ in range(3))  # the run's header, its threads line, then stats
         assert f"broker stats on http://127.0.0.1:{port}/metrics" in banner, banner
         deadline = time.monotonic() + 60
         while True:
