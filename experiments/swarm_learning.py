@@ -11,7 +11,9 @@ The settings take the suspects of the diagnosis apart, one at a time:
   with overlapped gossip (``--gossip-overlap``): does the one round of delay cost learning?
 * ``lr x2``: the learning rate at sqrt(n) times the single agent's 7e-4 for n = 4 (the square-root
   rule for adaptive optimizers, and GALA's README setting for 4 learners), on the overlapped ring;
-  one agent at lr x2 too, so a gain that is only "a better lr" shows itself.
+  one agent at lr x2 too, so a gain that is only "a better lr" shows itself;
+* ``lr rule``: the overlapped ring with ``--overlap-lr-scale``, the learning rate times 2 - p_ii
+  (1.5 on a ring), which makes the swarm's mean move as far per round as blocking gossip does.
 
     python -m experiments.swarm_learning --frames 250000            # the diagnosis, 3 seeds
     python -m experiments.swarm_learning --quick                    # CartPole smoke test
@@ -28,7 +30,8 @@ LR = A2CConfig().lr
 OLD = {"shared_init": False, "gossip_overlap": False}
 OLD_A2C = {"entropy_coef": 0.0}
 NEW_A2C = {"entropy_coef": 0.01}
-OVERLAPPED = {"shared_init": True, "gossip_overlap": True}
+OVERLAPPED = {"shared_init": True, "gossip_overlap": True, "overlap_lr_scale": False}
+LR_RULE = {"shared_init": True, "gossip_overlap": True, "overlap_lr_scale": True}
 BLOCKING = {"shared_init": True, "gossip_overlap": False}
 
 SETTINGS = {
@@ -41,6 +44,7 @@ SETTINGS = {
     "ring of 4, entropy 0.01, shared init, blocking": (4, BLOCKING, NEW_A2C),
     "ring of 4, entropy 0.01, shared init, overlapped, lr x2": (4, OVERLAPPED, {**NEW_A2C, "lr": 2 * LR}),
     "1 agent, entropy 0.01, lr x2": (1, {}, {**NEW_A2C, "lr": 2 * LR}),
+    "ring of 4, entropy 0.01, shared init, overlapped, lr rule (x1.5)": (4, LR_RULE, NEW_A2C),
 }
 
 

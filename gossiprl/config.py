@@ -300,7 +300,8 @@ def _upgrade(data: dict) -> dict:
     per host, and the swarm's budget was agent.total_frames x agents. Before shared_init existed
     (a whole run's dump has checkpoint_every and a2c; a file a person wrote need not), every agent
     drew its own initial network, and an unset entropy_coef meant 0 on MinAtar, where it now means
-    the papers' 0.01."""
+    the papers' 0.01. Before overlap_lr_scale existed, overlapped gossip kept the learning rate as
+    given."""
     swarm, agent = dict(data.get("swarm") or {}), dict(data.get("agent") or {})
     if "agents" in agent:
         agent["agents_per_host"] = agent.pop("agents")
@@ -312,6 +313,8 @@ def _upgrade(data: dict) -> dict:
         if a2c.get("entropy_coef") is None and str(agent.get("env_id", "")).startswith("MinAtar/"):
             a2c["entropy_coef"] = 0.0  # rl.envs.is_minatar's test, without importing the RL stack
         agent["a2c"] = a2c
+    if {"checkpoint_every", "gossip_overlap"} <= agent.keys() and "overlap_lr_scale" not in agent:
+        agent["overlap_lr_scale"] = False
     return {**data, "swarm": swarm, "agent": agent}
 
 

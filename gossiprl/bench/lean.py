@@ -20,9 +20,13 @@ from ..rl.models import make_model
 
 
 def lean_a2c_fps(
-    env_id: str, seconds: float, num_envs: int = 16, n_steps: int = 5, seed: int = 0, threads: int = 1
+    env_id: str, seconds: float, num_envs: int = 16, n_steps: int = 5, seed: int = 0, threads: int = 1, barrier=None
 ) -> float:
-    """Frames/s of the minimal loop over ``seconds`` of training (after 3 warm-up updates)."""
+    """Frames/s of the minimal loop over ``seconds`` of training (after 3 warm-up updates).
+
+    ``barrier`` holds the clock until every loop sharing it has warmed up, so loops run
+    side by side are timed over the same window.
+    """
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     envs = make_env(env_id, num_envs, seed, num_threads=1)
@@ -63,7 +67,38 @@ def lean_a2c_fps(
         obs_buf[0] = obs_buf[-1]
         updates += 1
         if updates == 0:
+            if barrier is not None:
+                barrier.wait()
             start = time.perf_counter()
     elapsed = time.perf_counter() - start
     envs.close()
     return updates * n_steps * num_envs * envs.frames_per_step / elapsed
+
+
+def _lean_child(args, barrier, out) -> None:
+    out.put(lean_a2c_fps(*args, barrier=barrier))
+
+
+def side_by_side_fps(env_id: str, seconds: float, n: int, num_envs: int = 16, n_steps: int = 5) -> float:
+    """Summed frames/s of ``n`` minimal loops, each its own process, timed over the same window.
+
+    The ceiling of a swarm of ``n`` on this host: what its cores (and memory) give ``n`` independent
+    learners that never talk. A ring's rate over this one is what gossip costs, apart from the host.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    procs = [
+        ctx.Process(target=_lean_child, args=((env_id, seconds, num_envs, n_steps, seed), barrier, out))
+        for seed in range(n)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        return sum(out.get(timeout=seconds + 120) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()

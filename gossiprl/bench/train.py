@@ -5,8 +5,10 @@ noisy host: the raw vector env (random actions, no learning), the minimal hand-w
 (``lean``: the limit of a torch loop doing the same work), one agent of `gossiprl run` with
 default flags, both again while another process keeps one core busy (the normal case on a shared
 cluster node; and the agent once more with as many torch threads as cores, the old default,
-which collapsed there), and rings of 2 and 4 agents with blocking sync gossip (PALA's Algorithm 2),
-overlapped sync gossip (the default) and async gossip. Swarm rows are real `gossiprl run`s
+which collapsed there), n minimal loops side by side in their own processes (the host's ceiling
+for a swarm of n that never talks: a ring's rate over it is what gossip costs, apart from what
+the cores can give), and rings of 2 and 4 agents with blocking sync gossip (PALA's Algorithm 2, the default),
+overlapped sync gossip and async gossip. Swarm rows are real `gossiprl run`s
 (broker, agent processes) cut off after a fixed time; their rate is the sum of the agents'
 steady-state frames/s (after the warm-up updates, so start-up is left out), and the time split
 is the agents' mean share of rollout, learn, gossip wait and mix over the same window.
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..rl.envs import atari_game, is_atari
-from .lean import lean_a2c_fps
+from .lean import lean_a2c_fps, side_by_side_fps
 
 SWARM_LAYOUTS = (("sync", False), ("sync", True), ("async", True))
 """(mode, gossip_overlap) of the swarm rows: blocking sync (PALA), overlapped sync (the default), async."""
@@ -129,6 +131,7 @@ def run(
         every_core = replace(agent_cfg, torch_threads=os.cpu_count() or 1)
         add("one agent, one core busy, old threads", **swarm_row(one, every_core, seconds))
     for n in agent_counts:
+        add(f"{n} minimal loops side by side", side_by_side_fps(env_id, seconds, n, num_envs, agent_cfg.a2c.n_steps))
         for mode, overlap in SWARM_LAYOUTS:
             swarm = SwarmConfig(agents=n, topology="ring", mode=mode, data_plane=data_plane)
             cfg = replace(agent_cfg, gossip_overlap=overlap)
@@ -150,8 +153,13 @@ def _format(row: dict, rows: list[dict]) -> str:
         line += f"  {ratio('minimal A2C loop')} minimal loop"
     elif row["row"].startswith("one agent, one core busy"):
         line += f"  {ratio('minimal A2C loop, one core busy')} minimal loop under the same load"
+    elif row["row"].endswith("side by side"):
+        line += f"  {ratio('minimal A2C loop')} minimal loop"
     elif row["row"].startswith("ring"):
-        line += f"  {ratio('one agent, default flags')} one agent"
+        n = row["row"].split()[2].rstrip(",")
+        line += (
+            f"  {ratio('one agent, default flags')} one agent, {ratio(f'{n} minimal loops side by side')} side by side"
+        )
     if not row["steady"]:
         line += "  (never finished its warm-up: rate over the whole run)"
     if row["shares"]:

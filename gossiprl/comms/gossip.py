@@ -411,6 +411,12 @@ class Gossip:
         """Overlapped: the round the gossip thread is publishing and collecting; its result is the letters."""
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="gossip") if overlap else None
 
+    @property
+    def self_weight(self) -> float:
+        """This agent's own weight p_ii in the mixing matrix this round (what an overlapped round
+        keeps of its own update at once: docs/algorithm.md)."""
+        return self.client.weights[self.client.rank]
+
     def exchange(self, params: Any) -> dict[str, float]:
         refuse_integers({self.name: params})  # before anything is sent: peers could not mix it either
         if not self.overlap:

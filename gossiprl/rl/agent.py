@@ -17,7 +17,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import asdict, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -41,6 +41,11 @@ class GossipHook(Protocol):
     def adopt(self, flat_params: torch.Tensor) -> int:
         """Overwrite flat_params with the in-peers' mean (an agent rejoining with no checkpoint);
         return how many peers it came from."""
+
+    @property
+    def self_weight(self) -> float:
+        """This agent's own weight in the mixing matrix (read with gossip_overlap, to scale the
+        learning rate by 2 - p_ii)."""
 
     # Optional: flush(flat_params), called once after the last update if the hook has it, mixes
     # what is still in flight (Gossip with overlap=True); a Protocol cannot mark a method optional.
@@ -120,6 +125,9 @@ def train(
     torch.set_num_threads(threads["torch"])
     device = pick_device(cfg.device, rank)
     a2c = resolve_defaults(cfg.a2c, cfg.env_id)
+    if gossip is not None and cfg.gossip_overlap and cfg.overlap_lr_scale:
+        # an overlapped round moves the swarm's mean by u / (2 - p_ii): scale u back up (docs/algorithm.md)
+        a2c = replace(a2c, lr=a2c.lr * (2.0 - gossip.self_weight))
 
     envs = make_env(
         cfg.env_id,

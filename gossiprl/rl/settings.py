@@ -91,10 +91,14 @@ class AgentConfig:
     """Overlap gossip with training: the letters travel while the next rollout and update run and
     are mixed in one update later (one round of delay, as GALA's non-blocking gossip). Faster on a
     busy host (no agent idles on its neighbours' jitter), but the stale mix advances the swarm's
-    mean by only 2 / (2 - p_ii) of each update (2/3 on a ring), and on MinAtar Breakout a ring of 4
-    learned less per frame (4.58 against 4.81 blocking at 250k frames per agent, 3 seeds); off, every
-    update waits until the in-peers' letters of the same round are mixed in (PALA's Algorithm 2).
-    See docs/algorithm.md and experiments/RESULTS.md."""
+    mean by only 1 / (2 - p_ii) of each update (2/3 on a ring; --overlap-lr-scale makes up for it);
+    off, every update waits until the in-peers' letters of the same round are mixed in (PALA's
+    Algorithm 2). See docs/algorithm.md and experiments/RESULTS.md."""
+    overlap_lr_scale: bool = True
+    """With --gossip-overlap, multiply the learning rate by 2 - p_ii (p_ii: the agent's own weight in
+    the mixing matrix; 1.5 on a ring), so the swarm's mean moves as far per round as with blocking
+    gossip. Without it a ring of 4 on MinAtar Breakout learned less per frame overlapped than
+    blocking (4.58 against 4.81 at 250k frames per agent, 3 seeds)."""
     aggregate: str = field(default="mean", metadata={"choices": AGGREGATES})
     """How letters are mixed in: 'mean' (the mixing matrix's weights, PALA), or the robust
     'trimmed-mean' / 'median' over our parameters and the letters (gossiprl.comms.gossip.mix)."""

@@ -508,3 +508,37 @@ def test_asking_for_cuda_without_a_gpu_says_so():
 
     with pytest.raises(RuntimeError, match="no CUDA GPU is visible"):
         pick_device("cuda", rank=3)
+
+
+class StillHook:
+    """A gossip hook with no neighbours: mixes nothing, and says its own weight in the matrix."""
+
+    self_weight = 0.25
+
+    def exchange(self, flat_params):
+        return {}
+
+    def adopt(self, flat_params):
+        return 0
+
+
+@pytest.mark.parametrize(
+    "overlap,scale,factor",
+    [(True, True, 1.75), (True, False, 1.0), (False, True, 1.0)],
+    ids=["rule", "off", "blocking"],
+)
+def test_overlapped_gossip_scales_the_learning_rate_by_two_minus_the_self_weight(tmp_path, overlap, scale, factor):
+    """An overlapped round moves the swarm's mean by u / (2 - p_ii) (docs/algorithm.md): the step
+    is scaled back up by 2 - p_ii, and only there."""
+    from gossiprl.rl import agent
+
+    cfg = agent.AgentConfig(
+        total_frames=80,
+        torch_threads=1,
+        gossip_overlap=overlap,
+        overlap_lr_scale=scale,
+        a2c=A2CConfig(num_envs=4, lr=1e-3),
+    )
+    agent.train(cfg, tmp_path, rank=0, gossip=StillHook())
+    saved = agent.load_checkpoint(tmp_path / "agent-0" / "checkpoint.pt")
+    assert saved["optimizer"]["param_groups"][0]["lr"] == pytest.approx(1e-3 * factor)

@@ -313,6 +313,22 @@ def test_a_config_json_from_before_shared_init_resumes_with_what_it_learned_with
     assert (fresh.shared_init, fresh.gossip_overlap, fresh.a2c.entropy_coef) == (True, False, None)
 
 
+def test_an_overlapped_run_from_before_the_lr_rule_resumes_with_its_learning_rate(tmp_path, recorded):
+    """Overlapped runs started before overlap_lr_scale used the learning rate as given."""
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    agent = asdict(AgentConfig(total_frames=1500, gossip_overlap=True))
+    del agent["overlap_lr_scale"]
+    (run_dir / "config.json").write_text(json.dumps({"swarm": asdict(SwarmConfig(agents=2)), "agent": agent}))
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (_, agent_cfg, _), _ = recorded[0]
+    assert (agent_cfg.gossip_overlap, agent_cfg.overlap_lr_scale) == (True, False)
+    invoke("run", "--gossip-overlap", "--run-dir", tmp_path / "new", "--no-progress")
+    (_, fresh, _), _ = recorded[1]
+    assert (fresh.gossip_overlap, fresh.overlap_lr_scale) == (True, True)
+
+
 def test_the_command_line_is_built_without_importing_torch():
     """The settings dataclasses are torch-free so `gossiprl broker` starts on the comms-only install."""
     code = "import sys, gossiprl.cli; print(sorted({'torch', 'gymnasium'} & sys.modules.keys()))"
