@@ -47,10 +47,12 @@ REAL_ENV = "MinAtar/Breakout-v1"
 CURVE_ROWS = 40
 """Rows of metrics.csv per agent: enough points for a curve, few enough to keep results small."""
 
-LOOP_VERSION = 3
+LOOP_VERSION = 4
 """The agent loop's defaults cells were run under: 2 since the MinAtar entropy bonus, the shared
 initial network and overlapped gossip, 3 since overlapped gossip publishes the parameters before
-its mix (a cell of an earlier version is not reused for a later one)."""
+its mix, 4 since each agent's random stream comes from (seed, rank) rather than seed + rank, so
+swarm seeds no longer share agents' episodes, and overlapped gossip scales the learning rate by
+2 - p_ii (a cell of an earlier version is not reused for a later one)."""
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 """Two-sided 95 % Student-t quantiles by degrees of freedom (1.96 beyond)."""
@@ -121,16 +123,19 @@ def run_study(
     cells = sorted(cells, key=lambda c: seeds.index(c.seed))
     for k, cell in enumerate(cells, 1):
         row_path = out / "cells" / f"{cell.key}.json"
-        if row_path.exists():
-            echo(f"[{k}/{len(cells)}] {cell.setting}, seed {cell.seed}: done before, kept")
-            continue
         fingerprint = cell_fingerprint(cell, env_id, eval_episodes)
+        if row_path.exists():
+            if json.loads(row_path.read_text()).get("fingerprint") == fingerprint:
+                echo(f"[{k}/{len(cells)}] {cell.setting}, seed {cell.seed}: done before, kept")
+                continue
+            # a row from another loop version, env or settings is not this cell's result
+            echo(f"[{k}/{len(cells)}] {cell.setting}, seed {cell.seed}: row from an older loop or other settings")
         if (shared / f"{fingerprint}.json").exists():
             row = {**json.loads((shared / f"{fingerprint}.json").read_text()), "setting": cell.setting, **cell.labels}
             shutil.copyfile(shared / f"{fingerprint}.csv", out / "curves" / f"{cell.key}.csv")
             note = " (same run as in another study, reused)"
         else:
-            row = run_cell(cell, out, env_id, threshold, eval_episodes)
+            row = {**run_cell(cell, out, env_id, threshold, eval_episodes), "fingerprint": fingerprint}
             shutil.copyfile(out / "curves" / f"{cell.key}.csv", shared / f"{fingerprint}.csv")
             _write_json(shared / f"{fingerprint}.json", row)
             note = ""

@@ -119,8 +119,10 @@ def train(
     (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2))
 
     # Seeding: the update count is mixed in so a resumed run draws new episodes and actions
-    # instead of replaying the ones it started with.
-    rng = np.random.default_rng([cfg.seed + rank, counters["updates"]])
+    # instead of replaying the ones it started with. Seed and rank are separate words of the
+    # entropy: with seed + rank, agent 1 of seed 1 and agent 0 of seed 2 drew the same episodes,
+    # so the "independent" seeds of a swarm shared most of their runs.
+    rng = np.random.default_rng([cfg.seed, rank, counters["updates"]])
     threads = thread_plan(cfg)
     torch.set_num_threads(threads["torch"])
     device = pick_device(cfg.device, rank)

@@ -68,7 +68,8 @@ class AgentConfig:
     SwarmConfig.total_frames). On Atari a frame is an emulator frame, i.e. env steps x 4
     (frameskip), as the papers count them; elsewhere one env step."""
     seed: int = 1
-    """Base seed; agent ``rank`` uses seed + rank, so agents explore differently."""
+    """Base seed; agent ``rank`` draws its episodes and actions from (seed, rank), so agents explore
+    differently and no two seeds of a swarm share an agent's stream."""
     agents_per_host: int | None = field(default=None, metadata={"min": 1, "may_change_on_resume": True})
     """How many agents share this host's cores; only sizes the default torch_threads. None: 1, or
     for `gossiprl agent` the launcher's processes per host (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE,
@@ -81,7 +82,7 @@ class AgentConfig:
     cores, cores // agents_per_host, for ALE's env threads (gossiprl.rl.agent.thread_plan)."""
     shared_init: bool = True
     """Every agent of the swarm starts from the same initial network, drawn from --seed (as GALA
-    does); off, each agent draws its own from seed + rank. Actions and episodes are each agent's
+    does); off, each agent draws its own from (seed, rank). Actions and episodes are each agent's
     own either way."""
     sticky_actions: float = field(default=0.0, metadata={"min": 0, "max": 1})
     """Atari repeat_action_probability (0 as in the papers)."""

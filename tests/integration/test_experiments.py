@@ -60,6 +60,14 @@ def test_ordering_quick_runs_every_cell_then_resumes_without_rerunning(results):
     second = run_quick(ordering_ablation, out)
     assert second.count("done before, kept") == 2
 
+    # a row left by an older loop version is not this cell's result: the cell is run (here: taken
+    # from the shared cache, which holds it under today's fingerprint) and the row replaced
+    stale = sorted((out / "cells").glob("*.json"))[0]
+    stale.write_text(json.dumps({**json.loads(stale.read_text()), "fingerprint": "from-loop-3"}))
+    third = run_quick(ordering_ablation, out)
+    assert third.count("done before, kept") == 1 and third.count("from an older loop") == 1
+    assert third.count("reused") == 1 and json.loads(stale.read_text())["fingerprint"] != "from-loop-3"
+
 
 @pytest.mark.timeout(400)
 def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(results):
