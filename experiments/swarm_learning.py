@@ -13,7 +13,8 @@ The settings take the suspects of the diagnosis apart, one at a time:
   rule for adaptive optimizers, and GALA's README setting for 4 learners), on the overlapped ring;
   one agent at lr x2 too, so a gain that is only "a better lr" shows itself;
 * ``lr rule``: the overlapped ring with ``--overlap-lr-scale``, the learning rate times 2 - p_ii
-  (1.5 on a ring), which makes the swarm's mean move as far per round as blocking gossip does.
+  (1.5 on a ring), which makes the swarm's mean move as far per round as blocking gossip does;
+  and the blocking ring at lr x2, the other half of the learning-rate question.
 
     python -m experiments.swarm_learning --frames 250000            # the diagnosis, 3 seeds
     python -m experiments.swarm_learning --quick                    # CartPole smoke test
@@ -45,6 +46,7 @@ SETTINGS = {
     "ring of 4, entropy 0.01, shared init, overlapped, lr x2": (4, OVERLAPPED, {**NEW_A2C, "lr": 2 * LR}),
     "1 agent, entropy 0.01, lr x2": (1, {}, {**NEW_A2C, "lr": 2 * LR}),
     "ring of 4, entropy 0.01, shared init, overlapped, lr rule (x1.5)": (4, LR_RULE, NEW_A2C),
+    "ring of 4, entropy 0.01, shared init, blocking, lr x2": (4, BLOCKING, {**NEW_A2C, "lr": 2 * LR}),
 }
 
 
