@@ -238,9 +238,21 @@ def time_split_lines(rows: list[dict], settings: list[str]) -> list[str]:
     return [f"- One agent's update, mean over seeds: {'; '.join(parts)}."]
 
 
+EQUAL_TOTAL = {"swarm_vs_one": "1 agent, the ring's total frames"}
+"""A study's arm trained as many frames as the whole swarm (not as each agent): it is compared with
+the swarm at equal total frames, never counted among the equal-frames-per-agent settings."""
+
+
 def findings(name: str, table: dict[str, dict], t_equal: float) -> list[str]:
     claim, reference, others = PAPER[name]
     lines = []
+    total_arm = table.get(EQUAL_TOTAL.get(name))
+    if total_arm is not None:
+        lines.append(
+            f"- {reference} vs {total_arm['setting']}, at equal total frames: "
+            f"{compare(table, reference, total_arm['setting'], 'agents_mean')}."
+        )
+        table = {k: v for k, v in table.items() if v is not total_arm}
     best_frames = max(table.values(), key=lambda e: e["agents_mean"])
     best_time = max(
         (

@@ -87,12 +87,15 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
     assert layouts == ({"one host"} if layout.netns_unavailable() else {"one host", "netns"})
 
     run_quick(swarm_vs_one, results / "swarm_vs_one")
-    per_agent = {
-        json.loads(p.read_text())["agents"]: json.loads(p.read_text())
+    arms = {
+        json.loads(p.read_text())["setting"]: json.loads(p.read_text())
         for p in (results / "swarm_vs_one" / "cells").glob("*.json")
     }
-    # --frames is per agent there: the ring of 4 trains 4x the single agent's frames
-    assert per_agent[4]["frames"] >= 4 * (int(FRAMES) - 80) > per_agent[1]["frames"] >= int(FRAMES) - 80
+    # --frames is per agent there: the ring of 4 trains 4x the single agent's frames, and the
+    # third arm gives one agent the ring's total
+    ring, one, total = arms["ring of 4"], arms["1 agent"], arms[swarm_vs_one.EQUAL_TOTAL]
+    assert ring["frames"] >= 4 * (int(FRAMES) - 80) > one["frames"] >= int(FRAMES) - 80
+    assert total["agents"] == 1 and total["frames"] >= 4 * (int(FRAMES) - 80)
 
     output = results / "RESULTS.md"
     result = CliRunner().invoke(
@@ -113,6 +116,7 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
     assert re.search(
         r"IQM of every agent's own last-100 score.*: 1 agent [\d.]+ \(1 seed\(s\), 1 agents; too few", text
     )
+    assert re.search(r"ring of 4 vs 1 agent, the ring's total frames, at equal total frames: untestable", text)
     assert "Missing cells" not in text  # --quick plans exactly the cells it ran
     assert "untestable (one seed, no interval)" in text and "**agrees**" not in text
 
