@@ -6,7 +6,7 @@ What matches gossiprl's single agent (``gossiprl run --agents 1``):
 
 * env: the same gymnasium id, built by MinAtar's own gymnasium class (sticky actions 0.1, the
   minimal action set of the -v1 ids, no time limit), one frame per env step, rewards unclipped;
-  env i of seed s is seeded s + i;
+  the same seed numbers;
 * network: gossiprl's ``MinAtarActorCritic`` trunk (3x3 conv, 16 channels, ReLU, 128 ReLU units;
   built by gossiprl's own class, ``MinAtarTrunk``) as SB3's features extractor, shared by a linear
   policy head and a linear value head (``net_arch=[]``); SB3's orthogonal init is gossiprl's
@@ -20,22 +20,23 @@ What matches gossiprl's single agent (``gossiprl run --agents 1``):
 * score: the mean of the last 100 finished training episodes; one torch thread, as gossiprl's
   agent takes.
 
-What differs: the random draws (same seeds, other streams), SB3's rollout and update code (the
-point of the comparison), and frames/s (SB3 steps its envs through DummyVecEnv and Monitor
-wrappers; gossiprl through its own plain loop).
+What differs: the random draws (SB3 seeds env i with s + i and torch with s; gossiprl draws both
+from (s, rank)), SB3's rollout and update code (the point of the comparison), and frames/s (SB3
+steps its envs through gymnasium's wrappers, DummyVecEnv and Monitor; gossiprl through a plain
+loop over MinAtar's games).
 
 PPO uses CleanRL's Atari settings (``cleanrl/ppo_atari.py`` defaults; CleanRL has no MinAtar
 script): 8 envs x 128 steps, 4 epochs of 4 minibatches (batch 256), Adam lr 2.5e-4 annealed
 linearly to 0, eps 1e-5, gamma 0.99, GAE lambda 0.95, clip 0.1, advantages normalised per
-minibatch, entropy 0.01, gradient clip 0.5, on the same network. Two CleanRL details SB3 cannot
-express: its value loss is 0.5 x squared error x vf_coef 0.5, here SB3's squared error x 0.25
-(the same gradient), but without CleanRL's clipped value loss (SB3's ``clip_range_vf`` clips
-differently, so it is left off).
+minibatch, entropy 0.01, gradient clip 0.5, on the same network. CleanRL's value loss is half
+the squared error weighted 0.5: SB3's vf_coef 0.25 gives the same gradient. CleanRL clips the
+value loss (the larger of the clipped and unclipped errors); SB3 cannot (its ``clip_range_vf``
+clips the prediction alone), so that is left off.
 
-One cell is one (algorithm, seed): its row goes to ``<out>/cells/<algo>__seed<k>.json`` (last-100
+One cell is one (algorithm, seed): its row goes to ``<out>/cells/SB3-A2C__seed<k>.json`` (last-100
 mean, frames, training seconds and frames/s from the training clock only, settings, versions),
-its curve to ``<out>/curves/<algo>__seed<k>.csv`` (every finished episode: frames, training
-seconds, return). A cell whose row exists with the same settings is not run again; seeds run one
+its curve to ``<out>/curves/SB3-A2C__seed<k>.csv`` (every finished episode: frames, training
+seconds, return); likewise SB3-PPO. A cell whose row exists with the same settings is not run again; seeds run one
 after another, both algorithms per seed. Without ``--out`` the results go to a fresh directory
 under runs/ (never into the committed experiments/results/). The full study, then RESULTS.md:
 

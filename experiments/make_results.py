@@ -10,6 +10,7 @@ setup, the table, the figure and what the data says, judged by whether 95 % inte
 
 from __future__ import annotations
 
+import csv
 import importlib
 import json
 import math
@@ -19,7 +20,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from experiments.common import aggregate, cell_key, ci95, load_rows
+from experiments.common import aggregate, cell_key, ci95, load_rows, read_curves
+from experiments.figures import reference_figure
 from experiments.study import METRICS, RESULTS, finish, planned_cells
 
 STUDIES = [
@@ -300,10 +302,29 @@ MINATAR_PAPER = (
     "learning experiments*, arXiv:1903.03176"
 )
 PUBLISHED = {
-    "MinAtar/Breakout-v1": "actor-critic AC(λ) about 9-10 at 1M frames and about 17-18 at 5M; DQN about 10 at 1M",
+    "MinAtar/Breakout-v1": [("AC(λ)", 1_000_000, 9, 10), ("AC(λ)", 5_000_000, 17, 18), ("DQN", 1_000_000, 10, 10)],
 }
-"""The MinAtar paper's scores per env, read off its learning curves (approximate); its AC(λ) is an
-online actor-critic with eligibility traces, not A2C."""
+"""The MinAtar paper's scores per env as (agent, frames, low, high), read off its learning curves
+(approximate); its AC(λ) is an online actor-critic with eligibility traces, not A2C."""
+
+
+def published_text(env: str) -> str:
+    return "; ".join(
+        f"{name} about {low:g}{f'-{high:g}' if high != low else ''} at {frames / 1e6:g}M frames"
+        for name, frames, low, high in PUBLISHED[env]
+    )
+
+
+def episode_curve(out: Path, key: str) -> list[dict]:
+    """A baselines run's episodes (experiments/baselines.py's curve CSV) as the last-100 mean
+    after each one, in the rows ``swarm_curve`` reads (as ``read_curves`` gives a study's)."""
+    with open(out / "curves" / f"{key}.csv", newline="") as f:
+        episodes = [(int(r["frames"]), float(r["return"])) for r in csv.DictReader(f)]
+    sums = np.concatenate([[0.0], np.cumsum([ret for _, ret in episodes])])
+    return [
+        {"agent": 0, "frames": frames, "mean_return_100": (sums[k + 1] - sums[max(0, k - 99)]) / min(k + 1, 100)}
+        for k, (frames, _) in enumerate(episodes)
+    ]
 
 
 def baselines_sections(results: Path) -> list[str]:
@@ -331,25 +352,28 @@ def baselines_section(out: Path, results: Path) -> list[str]:
         "from: experiments/baselines.py; each row carries its settings and the SB3 and torch versions.",
         "",
     ]
-    # (setting, its rows, frames per agent)
-    entries = [(s, [r for r in rows if r["setting"] == s], frames) for s in meta["settings"]]
+    # (setting, its rows, frames per agent, its dir, the reader of a cell's curve there)
+    entries = [(s, [r for r in rows if r["setting"] == s], frames, out, episode_curve) for s in meta["settings"]]
     for swarm in sorted(results.glob("swarm_vs_one*")):  # the study on this env (a dir per env)
         swarm_meta = json.loads((swarm / "study.json").read_text()) if (swarm / "study.json").exists() else {}
         if swarm_meta.get("env") == env:
             swarm_rows = load_rows(swarm)
             for setting in ("1 agent", "ring of 4"):
                 mine = [r for r in swarm_rows if r["setting"] == setting]
-                entries.append((f"gossiprl, {setting} ({swarm.name})", mine, swarm_meta["frames_per_cell"]))
+                entries.append(
+                    (f"gossiprl, {setting} ({swarm.name})", mine, swarm_meta["frames_per_cell"], swarm, read_curves)
+                )
             break
     lines += [
         "| setting | frames per agent | seeds | IQM of last-100 [95 % bootstrap] | mean ± 95 % t | frames/s |",
         "|---|---|---|---|---|---|",
     ]
     rng = np.random.default_rng(0)
-    iqms = {}
-    for setting, mine, per_agent in entries:
+    iqms, curves = {}, {}
+    for setting, mine, per_agent, folder, reader in entries:
         if not mine:
             continue
+        curves[setting] = [reader(folder, cell_key(r["setting"], r["seed"])) for r in mine]
         point, low, high = iqm_interval([np.asarray(r["per_agent_last100"], dtype=float) for r in mine], rng)
         iqms[setting] = (point, low, high, per_agent)
         interval = f"{point:.2f}" if low is None else f"{point:.2f} [{low:.2f}, {high:.2f}]"
@@ -367,7 +391,13 @@ def baselines_section(out: Path, results: Path) -> list[str]:
         "",
     ]
     if env in PUBLISHED:
-        lines += [f"**Published.** {MINATAR_PAPER}: {PUBLISHED[env]} (read off the paper's curves, approximate).", ""]
+        lines += [
+            f"**Published.** {MINATAR_PAPER}: {published_text(env)} (read off the paper's curves, approximate).",
+            "",
+        ]
+    if curves:
+        reference_figure(curves, PUBLISHED.get(env, []), out / "figure.png", env)
+        lines += [f"![SB3 reference on {env}](results/{out.name}/figure.png)", ""]
     one = next((v for k, v in iqms.items() if k.startswith("gossiprl, 1 agent")), None)
     findings = []
     for setting in meta["settings"]:

@@ -110,11 +110,22 @@ def test_bad_algos_and_atari_say_what_is_valid():
     assert atari.exit_code == 2 and "MinAtar or vector-observation id" in atari.output
 
 
-def _study(folder: Path, meta: dict, rows: list[dict]) -> None:
-    (folder / "cells").mkdir(parents=True)
+def _study(folder: Path, meta: dict, rows: list[dict], curve: list[str]) -> None:
+    """A finished study of ``rows``; every cell's curve CSV holds ``curve`` (header first)."""
+    for sub in ("cells", "curves"):
+        (folder / sub).mkdir(parents=True)
     (folder / "study.json").write_text(json.dumps(meta))
     for r in rows:
-        (folder / "cells" / f"{r['setting']}__seed{r['seed']}.json").write_text(json.dumps(r))
+        (folder / "cells" / f"{cell_key(r['setting'], r['seed'])}.json").write_text(json.dumps(r))
+        (folder / "curves" / f"{cell_key(r['setting'], r['seed'])}.csv").write_text("\n".join(curve) + "\n")
+
+
+def test_episode_curve_is_the_last_100_mean_after_each_episode(tmp_path):
+    episodes = [f"{10 * k},{k / 10},{k}" for k in range(1, 151)]  # episode k returns k
+    _study(tmp_path, {}, [{"setting": "SB3 A2C", "seed": 1}], ["frames,train_s,return", *episodes])
+    curve = make_results.episode_curve(tmp_path, cell_key("SB3 A2C", 1))
+    assert [c["frames"] for c in curve] == [10 * k for k in range(1, 151)]
+    assert curve[9]["mean_return_100"] == 5.5 and curve[-1]["mean_return_100"] == 100.5  # mean of 51..150
 
 
 def test_results_md_puts_sb3_beside_gossiprl_one_agent_with_the_published_figures(tmp_path):
@@ -128,6 +139,7 @@ def test_results_md_puts_sb3_beside_gossiprl_one_agent_with_the_published_figure
             for s, values in sb3.items()
             for k, v in zip(seeds, values)
         ],
+        ["frames,train_s,return", "500000,100.0,2", "1000000,200.0,6"],
     )
     gossip = {"1 agent": [[6.1], [6.2], [6.3], [6.0], [6.4]], "ring of 4": [[7.0, 7.1, 7.2, 7.3]] * 5}
     # the swarm_vs_one study of another game is not set beside these: the one of the same env is
@@ -135,6 +147,7 @@ def test_results_md_puts_sb3_beside_gossiprl_one_agent_with_the_published_figure
         tmp_path / "swarm_vs_one",
         {"env": "MinAtar/SpaceInvaders-v1", "frames_per_cell": 1_000_000},
         [{"setting": "1 agent", "seed": 1, "per_agent_last100": [30.0], "fps": 3000.0}],
+        ["agent,frames,wall_s,mean_return_100,wait_s,mix_s", "0,1000000,300.0,30.0,0,0"],
     )
     _study(
         tmp_path / "swarm_vs_one_breakout",
@@ -144,6 +157,7 @@ def test_results_md_puts_sb3_beside_gossiprl_one_agent_with_the_published_figure
             for s, values in gossip.items()
             for k, v in zip(seeds, values)
         ],
+        ["agent,frames,wall_s,mean_return_100,wait_s,mix_s", "0,500000,150.0,3.0,0,0", "0,1000000,300.0,6.0,0,0"],
     )
     text = "\n".join(make_results.baselines_sections(tmp_path))
     assert "## Reference: Stable-Baselines3 A2C and PPO on MinAtar/Breakout-v1" in text
@@ -155,4 +169,6 @@ def test_results_md_puts_sb3_beside_gossiprl_one_agent_with_the_published_figure
     assert "Young & Tian 2019" in text and "read off the paper's curves, approximate" in text
     assert "gossiprl's one agent and SB3 A2C are indistinguishable" in text
     assert "gossiprl's one agent is above SB3 PPO" in text
+    assert "![SB3 reference on MinAtar/Breakout-v1](results/baselines/figure.png)" in text
+    assert (tmp_path / "baselines" / "figure.png").stat().st_size > 10_000
     assert make_results.baselines_sections(tmp_path / "nothing")[2].startswith("**Not run**")
