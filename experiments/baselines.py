@@ -165,9 +165,9 @@ class Episodes(BaseCallback):
 def run_cell(algo: str, env_id: str, seed: int, frames: int, hyper: dict, curve: Path) -> dict:
     model = build(algo, env_id, seed, hyper)
     episodes = Episodes()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     model.learn(total_timesteps=frames, callback=episodes)
-    train_s = time.perf_counter() - start
+    train_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     model.get_env().close()
     tmp = curve.with_suffix(".tmp")
     with open(tmp, "w", newline="") as f:
@@ -180,6 +180,7 @@ def run_cell(algo: str, env_id: str, seed: int, frames: int, hyper: dict, curve:
         "frames": int(model.num_timesteps),
         "train_s": train_s,
         "fps": model.num_timesteps / train_s,
+        "cpu_s": cpu_s,  # the CPU this process got: on shared cores, frames/s alone says as much about the load
         "episodes": len(episodes.rows),
         "last100": float(np.mean(last100)) if last100 else None,
     }
@@ -270,7 +271,8 @@ def main(quick, env_id, frames, seeds, algos, out):
         score = "no episode finished" if row["last100"] is None else f"last-100 mean {row['last100']:.2f}"
         click.echo(
             f"[{k}/{len(cells)}] {ALGOS[algo]}, seed {seed}: {row['frames']:,} frames in {row['train_s']:.0f} s "
-            f"of training ({row['fps']:.0f} frames/s), {row['episodes']} episodes, {score}"
+            f"of training ({row['fps']:.0f} frames/s, {row['frames'] / row['cpu_s']:.0f} per CPU-second), "
+            f"{row['episodes']} episodes, {score}"
         )
     write_csv(out / "results.csv", load_rows(out))
     click.echo(f"rows in {out / 'results.csv'}")
