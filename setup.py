@@ -5,7 +5,9 @@ The RL half (A2C agents, Atari, logging) is the ``rl`` extra. torch is deliberat
 pinned here: install the build that fits the machine first (``pip install torch==2.13.0``
 takes the CPU wheel on our CPU machines), and the ``torch>=2.1`` range below installs nothing more.
 MinAtar (the CPU-scale Atari stand-in the experiments use) is its own extra, ``minatar``: it pulls
-pandas, scipy and seaborn, which nothing else needs.
+pandas, scipy and seaborn, which nothing else needs. ``baselines`` is Stable-Baselines3, the well-known
+library experiments/baselines.py runs as a reference; pinned to a release that takes the torch already
+installed (it needs torch>=2.8), so it pulls no other torch build.
 """
 
 from setuptools import find_packages, setup
@@ -35,6 +37,7 @@ setup(
         "monitor": ["prometheus-client>=0.17", "rich>=13"],
         "track": ["wandb>=0.16"],
         "minatar": ["minatar==1.0.15"],
+        "baselines": ["stable-baselines3==2.9.2"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.2",

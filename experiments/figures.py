@@ -117,3 +117,44 @@ def _time_split_bars(ax, rows: list[dict], settings: list[str]) -> None:
 
 def updates_per_agent(row: dict) -> float:
     return max(1.0, row["frames"] / row["agents"] / (row["n_steps"] * row["num_envs"]))
+
+
+def reference_figure(
+    curves: dict[str, list[list[dict]]], published: list[tuple[str, int, float, float]], path: Path, env_id: str
+) -> None:
+    """Score vs frames per agent beside a library's runs: per setting the mean over seeds of its
+    agents' last-100 curves (each seed's curve rows as ``swarm_curve`` reads them) with a 95 % t
+    band, and the published figures (name, frames, low, high) as bars where they were read off."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 4.8))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    max_frames = max((r["frames"] for runs in curves.values() for run in runs for r in run), default=1)
+    grid = np.linspace(0, max_frames, GRID_POINTS)
+    for k, (setting, runs) in enumerate(curves.items()):
+        mean, half = _band(np.vstack([swarm_curve(run, "frames", grid, 1) for run in runs]))
+        ax.plot(grid / 1e6, mean, color=f"C{k % 10}", label=f"{setting} (n={len(runs)} seeds)")
+        ax.fill_between(grid / 1e6, mean - half, mean + half, color=f"C{k % 10}", alpha=0.2, linewidth=0)
+    names = list(dict.fromkeys(name for name, *_ in published))
+    labelled = set()
+    for name, frames, low, high in published:
+        if frames <= 1.05 * max_frames:
+            ax.errorbar(
+                [frames / 1e6],
+                [(low + high) / 2],
+                yerr=[(high - low) / 2],
+                fmt="^sDv"[names.index(name) % 4],
+                color="black",
+                capsize=4,
+                label=None if name in labelled else f"MinAtar paper, {name} (read off its curves, approx.)",
+            )
+            labelled.add(name)
+    ax.set_xlabel("frames per agent (M)")
+    ax.set_ylabel("episode return (last-100 mean)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title(f"Library reference — {env_id}; shaded: 95 % t-interval over seeds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -10,6 +10,7 @@ setup, the table, the figure and what the data says, judged by whether 95 % inte
 
 from __future__ import annotations
 
+import csv
 import importlib
 import json
 import math
@@ -19,7 +20,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from experiments.common import aggregate, cell_key, load_rows
+from experiments.common import aggregate, cell_key, ci95, load_rows, read_curves
+from experiments.figures import reference_figure
 from experiments.study import METRICS, RESULTS, finish, planned_cells
 
 STUDIES = [
@@ -204,18 +206,28 @@ def iqm_lines(rows: list[dict], settings: list[str], resamples: int = 5000) -> l
         by_seed = [np.asarray(r["per_agent_last100"], dtype=float) for r in rows if r["setting"] == setting]
         if not by_seed:
             continue
-        point = iqm(np.concatenate(by_seed))
+        point, low, high = iqm_interval(by_seed, rng, resamples)
         n = f"{len(by_seed)} seed(s), {sum(len(v) for v in by_seed)} agents"
-        if len(by_seed) < 3:
+        if low is None:
             parts.append(f"{setting} {point:.2f} ({n}; too few seeds for an interval)")
             continue
-        draws = [
-            iqm(np.concatenate([by_seed[i] for i in rng.integers(0, len(by_seed), len(by_seed))]))
-            for _ in range(resamples)
-        ]
-        low, high = np.percentile(draws, [2.5, 97.5])
         parts.append(f"{setting} {point:.2f} [{low:.2f}, {high:.2f}] ({n})")
     return [f"- IQM of every agent's own last-100 score, 95 % bootstrap interval over seeds: {'; '.join(parts)}."]
+
+
+def iqm_interval(
+    by_seed: list[np.ndarray], rng: np.random.Generator, resamples: int = 5000
+) -> tuple[float, float | None, float | None]:
+    """IQM of all the seeds' scores and its 95 % bootstrap interval, whole seeds resampled
+    (None, None below 3 seeds: too few for an interval)."""
+    point = iqm(np.concatenate(by_seed))
+    if len(by_seed) < 3:
+        return point, None, None
+    draws = [
+        iqm(np.concatenate([by_seed[i] for i in rng.integers(0, len(by_seed), len(by_seed))])) for _ in range(resamples)
+    ]
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return point, float(low), float(high)
 
 
 def time_split_lines(rows: list[dict], settings: list[str]) -> list[str]:
@@ -294,6 +306,127 @@ def findings(name: str, table: dict[str, dict], t_equal: float) -> list[str]:
     else:
         verdict = "**neither confirms nor refutes** it: with 3 seeds and this budget the intervals overlap"
     lines.append(f"- Paper: {claim} This data {verdict}.")
+    return lines
+
+
+MINATAR_PAPER = (
+    "Young & Tian 2019, *MinAtar: An Atari-inspired testbed for thorough and reproducible reinforcement "
+    "learning experiments*, arXiv:1903.03176"
+)
+PUBLISHED = {
+    "MinAtar/Breakout-v1": [("AC(λ)", 1_000_000, 9, 10), ("AC(λ)", 5_000_000, 17, 18), ("DQN", 1_000_000, 10, 10)],
+}
+"""The MinAtar paper's scores per env as (agent, frames, low, high), read off its learning curves
+(approximate); its AC(λ) is an online actor-critic with eligibility traces, not A2C."""
+
+
+def published_text(env: str) -> str:
+    return "; ".join(
+        f"{name} about {low:g}{f'-{high:g}' if high != low else ''} at {frames / 1e6:g}M frames"
+        for name, frames, low, high in PUBLISHED[env]
+    )
+
+
+def episode_curve(out: Path, key: str) -> list[dict]:
+    """A baselines run's episodes (experiments/baselines.py's curve CSV) as the last-100 mean
+    after each one, in the rows ``swarm_curve`` reads (as ``read_curves`` gives a study's)."""
+    with open(out / "curves" / f"{key}.csv", newline="") as f:
+        episodes = [(int(r["frames"]), float(r["return"])) for r in csv.DictReader(f)]
+    sums = np.concatenate([[0.0], np.cumsum([ret for _, ret in episodes])])
+    return [
+        {"agent": 0, "frames": frames, "mean_return_100": (sums[k + 1] - sums[max(0, k - 99)]) / min(k + 1, 100)}
+        for k, (frames, _) in enumerate(episodes)
+    ]
+
+
+def baselines_sections(results: Path) -> list[str]:
+    """One section per ``baselines*`` dir (one env each): experiments/baselines.py's SB3 runs."""
+    lines = []
+    for out in sorted(results.glob("baselines*")):
+        if (out / "study.json").exists():
+            lines += baselines_section(out, results)
+    return lines or ["## Reference: Stable-Baselines3 A2C and PPO", "", "**Not run**: no results in this checkout.", ""]
+
+
+def baselines_section(out: Path, results: Path) -> list[str]:
+    meta = json.loads((out / "study.json").read_text())
+    rows = load_rows(out)
+    env, frames = meta["env"], meta["frames_per_cell"]
+    lines = [
+        f"## Reference: Stable-Baselines3 A2C and PPO on {env}",
+        "",
+        "**Question.** Where do gossiprl's agents stand against a well-known library's A2C and PPO, on the same "
+        "env, frames, seeds and network?",
+        "",
+        f"**Setup.** `{meta['command'].strip()}` — {frames:,} frames per run, seeds "
+        f"{', '.join(map(str, meta['seeds']))}; {len(rows)} of {len(meta['seeds']) * len(meta['settings'])} runs "
+        "finished. What matches gossiprl's one agent (network, A2C hyperparameters) and where PPO's settings come "
+        "from: experiments/baselines.py; each row carries its settings and the SB3 and torch versions.",
+        "",
+    ]
+    # (setting, its rows, frames per agent, its dir, the reader of a cell's curve there)
+    entries = [(s, [r for r in rows if r["setting"] == s], frames, out, episode_curve) for s in meta["settings"]]
+    for swarm in sorted(results.glob("swarm_vs_one*")):  # the study on this env (a dir per env)
+        swarm_meta = json.loads((swarm / "study.json").read_text()) if (swarm / "study.json").exists() else {}
+        if swarm_meta.get("env") == env:
+            swarm_rows = load_rows(swarm)
+            for setting in ("1 agent", "ring of 4"):
+                mine = [r for r in swarm_rows if r["setting"] == setting]
+                entries.append(
+                    (f"gossiprl, {setting} ({swarm.name})", mine, swarm_meta["frames_per_cell"], swarm, read_curves)
+                )
+            break
+    lines += [
+        "| setting | frames per agent | seeds | IQM of last-100 [95 % bootstrap] | mean ± 95 % t | frames/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    rng = np.random.default_rng(0)
+    iqms, curves = {}, {}
+    for setting, mine, per_agent, folder, reader in entries:
+        if not mine:
+            continue
+        curves[setting] = [reader(folder, cell_key(r["setting"], r["seed"])) for r in mine]
+        point, low, high = iqm_interval([np.asarray(r["per_agent_last100"], dtype=float) for r in mine], rng)
+        iqms[setting] = (point, low, high, per_agent)
+        interval = f"{point:.2f}" if low is None else f"{point:.2f} [{low:.2f}, {high:.2f}]"
+        mean, half = ci95([float(np.mean(r["per_agent_last100"])) for r in mine])
+        fps = np.mean([r["fps"] for r in mine])
+        lines.append(f"| {setting} | {per_agent:,} | {len(mine)} | {interval} | {fmt(mean, half)} | {fps:.0f} |")
+    lines += [
+        "",
+        "Score: each agent's own mean return over its last 100 training episodes; IQM over all agents of all "
+        "seeds, whole seeds resampled for the interval. frames/s: SB3's from its training clock alone (one "
+        "process, one torch thread); gossiprl's are all agents' frames over the cell's wall-clock, start-up "
+        "included, measured in another window of machine load, so compare them loosely. Raw rows: "
+        f"[results/{out.name}/results.csv](results/{out.name}/results.csv); every episode: "
+        f"results/{out.name}/curves/.",
+        "",
+    ]
+    if env in PUBLISHED:
+        lines += [
+            f"**Published.** {MINATAR_PAPER}: {published_text(env)} (read off the paper's curves, approximate).",
+            "",
+        ]
+    if curves:
+        reference_figure(curves, PUBLISHED.get(env, []), out / "figure.png", env)
+        lines += [f"![SB3 reference on {env}](results/{out.name}/figure.png)", ""]
+    one = next((v for k, v in iqms.items() if k.startswith("gossiprl, 1 agent")), None)
+    findings = []
+    for setting in meta["settings"]:
+        if setting not in iqms or one is None:
+            continue
+        point, low, high, per_agent = iqms[setting]
+        if per_agent != one[3]:
+            findings.append(f"{setting} ran {per_agent:,} frames, gossiprl's one agent {one[3]:,}: not compared")
+        elif low is None or one[1] is None:
+            findings.append(f"{setting} against gossiprl's one agent: too few seeds for an interval")
+        elif high < one[1] or low > one[2]:
+            side = "below" if low > one[2] else "above"  # where gossiprl's one agent stands
+            findings.append(f"gossiprl's one agent is {side} {setting} (the 95 % intervals do not overlap)")
+        else:
+            findings.append(f"gossiprl's one agent and {setting} are indistinguishable (the 95 % intervals overlap)")
+    if findings:
+        lines += ["**What the data says.**", ""] + [f"- {f}." for f in findings] + [""]
     return lines
 
 
@@ -394,6 +527,7 @@ def main(results, output):
     lines += budget_lines(results)
     for name in STUDIES:
         lines += study_section(name, results)
+    lines += baselines_sections(results)
     lines += readme_seeds_section(results)
     output.write_text("\n".join(lines))
     click.echo(f"wrote {output}")

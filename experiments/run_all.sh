@@ -8,6 +8,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 run() { nice -n 19 python -m "experiments.$@"; }
 run swarm_learning --frames 250000
 run swarm_vs_one --frames 1000000
+run baselines --out experiments/results/baselines
 run ordering_ablation
 run scaling --max-agents 8
 run topology_ablation --max-agents 4
