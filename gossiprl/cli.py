@@ -134,8 +134,9 @@ def broker(
     metrics_bind,
 ):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
-    from .comms.broker import Broker, stats_line
+    from .comms.broker import Broker
     from .comms.keys import HOW_TO_MAKE_KEYS, check_endpoint, is_loopback
+    from .monitor import stats_line
 
     try:
         check_endpoint(bind)

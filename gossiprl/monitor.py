@@ -1,4 +1,5 @@
-"""Watching a running broker: its stats over HTTP (Prometheus and JSON) and ``gossiprl top``.
+"""Watching a running broker: its stats over HTTP (Prometheus and JSON), ``gossiprl top``, and the
+one-line form ``gossiprl broker`` prints (``stats_line``).
 
 The stats leave the broker through a small HTTP server of its own rather than through the
 gossip protocol: a monitor then needs no rank, no registration and no CURVE key, and cannot
@@ -244,6 +245,29 @@ def prometheus_text(stats: dict) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def stats_line(stats: dict) -> str:
+    """``Broker.stats()`` as one short line for a person watching a terminal (the JSON runs to a kilobyte)."""
+    agents = stats["agents"].values()
+    registered = sum(a["registered"] for a in agents)
+    left = sum(a["said_bye"] for a in agents)
+    gone = sum(a["gone"] and not a["said_bye"] for a in agents)
+    rounds = [a["round"] for a in agents if a["registrations"]]
+    letters = sum(a["publishes"] for a in agents)
+    moved = sum(a["bytes_in"] + a["bytes_out"] for a in agents)
+    errors = sum(stats["errors"].values())
+    return (
+        f"broker: {registered}/{stats['n']} agents registered, {left} left (BYE), {gone} gone; "
+        f"rounds {f'{min(rounds)}-{max(rounds)}' if rounds else 'none yet'}; {letters:,} letters, "
+        f"{_megabytes(moved)} through the broker; {errors} error(s)"
+        + (f" ({', '.join(f'{k} {v}' for k, v in sorted(stats['errors'].items()))})" if errors else "")
+        + f"; up {stats['uptime_s']:.0f}s"
+    )
+
+
+def _megabytes(nbytes: int) -> str:
+    return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:,.1f} MB"
 
 
 def fetch_stats(address: str, timeout: float = 5.0) -> dict:

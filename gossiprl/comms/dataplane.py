@@ -40,12 +40,14 @@ import logging
 import math
 import mmap
 import os
+import secrets
 import socket
 import stat
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -739,3 +741,60 @@ class AgentPlane:
         self.fetcher.close()
         self.reader.close()
         self.segment.close()
+
+
+# ------------------------------------------------------------------ the broker's end of the data plane
+
+
+class BrokerPlane:
+    """What the broker decides about letters' bytes: what each reader is handed, and which edges it relays.
+
+    A reader that cannot open some writers' references names them in COLLECT ``unreachable``; those
+    edges are relayed from then on: the writer is told in its ACK ``relay`` to attach its bytes, and
+    the broker forwards them on those edges only (PROTOCOL.md section 10.5). No sockets: the broker
+    says who is registered and who reads whom as the topology is wired now."""
+
+    def __init__(self, plane: str):
+        self.plane = check_plane(plane)
+        self.fetch_token = secrets.token_hex(16) if self.plane in ("direct", "auto") else None
+        """Handed to registered agents in WELCOME: letter servers answer only FETCHes that carry it."""
+        self.relay_edges: set[tuple[int, int]] = set()
+        """Edges (writer, reader) whose reader cannot reach the writer's data plane: relayed by the broker."""
+        self.events: Counter[str] = Counter()
+
+    def welcome(self) -> dict:
+        """WELCOME's data-plane fields: none for the broker plane, so its agents see the protocol as before."""
+        return {
+            **({"data_plane": self.plane} if self.plane != "broker" else {}),
+            **({"fetch_token": self.fetch_token} if self.fetch_token else {}),
+        }
+
+    def unreachable(self, reader: int, writers, reads: Callable[[int], bool]) -> None:
+        """A reader names writers it could not reach; ``reads(j)``: it reads from j as wired now. Only
+        those edges are relayed: one COLLECT naming every rank used to make every writer upload every letter."""
+        for j in writers:
+            if (j, reader) in self.relay_edges:
+                continue
+            if j != reader and reads(j):
+                self.relay_edges.add((j, reader))
+                self.events["data-plane-fallbacks"] += 1
+            else:
+                self.events["relay-requests-ignored"] += 1
+
+    def open_letter(self, letter, reader: int) -> tuple[dict, list, int]:
+        """What ``reader`` is handed of a letter (the TurnLocks hook): a reference-only letter, or one
+        the reader can open itself, goes without its frames; a relayed edge gets the bytes too."""
+        if "ref" not in letter.header:
+            return letter.header, letter.payload, letter.nbytes
+        if letter.payload and (letter.sender, reader) in self.relay_edges:
+            return {**letter.header, "relayed": True}, letter.payload, letter.nbytes
+        return {**letter.header, "relayed": False}, [], 0
+
+    def relays(self, writer: int, locks, registered: Callable[[int], bool]) -> list[int]:
+        """Readers that cannot open ``writer``'s references (its last letter in ``locks``, the
+        TurnLocks), registered and still reading it as wired now: its ACK tells it to send the
+        bytes along (no bytes are uploaded for a reader that left)."""
+        letter = locks.ranks[writer].last_letter
+        if letter is None or "ref" not in letter.header:
+            return []
+        return sorted(i for j, i in self.relay_edges if j == writer and registered(i) and locks.reads_from(i, writer))

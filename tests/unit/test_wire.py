@@ -178,13 +178,27 @@ def test_decode_refuses_malformed_messages(frames, code, words):
     assert err.value.code == code
 
 
+WIRE_CODES = {"bad-message", "bad-dtype", "too-large", "version", "unknown-command"}
+"""The ERROR codes (PROTOCOL.md section 4) that decoding alone can give; the rest need a broker's state."""
+
+
+def assert_refusal_is_documented(err: wire.WireError) -> None:
+    """A refusal a broker can send on as it is: a code of the protocol and a one-line reason."""
+    assert err.code in WIRE_CODES, err.code
+    assert str(err) and "\n" not in str(err)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=64), min_size=0, max_size=4))
-def test_decode_of_random_bytes_raises_only_wire_error(frames):
+def test_decode_of_random_bytes_is_refused_with_a_protocol_code_or_round_trips(frames):
     try:
-        wire.decode(frames)
-    except wire.WireError:
-        pass
+        msg = wire.decode(frames)
+    except wire.WireError as err:
+        assert_refusal_is_documented(err)
+        return
+    fields = {k: v for k, v in msg.header.items() if k not in ("v", "cmd")}
+    again = wire.decode(wire.encode(msg.cmd, fields, msg.frames))
+    assert again.cmd == msg.cmd and again.frames == msg.frames and again.specs == msg.specs
 
 
 header_values = st.recursive(
@@ -202,12 +216,21 @@ header_values = st.recursive(
     ),
     payload=st.lists(st.binary(max_size=32), max_size=3),
 )
-def test_decode_of_structured_garbage_raises_only_wire_error(cmd, fields, payload):
+def test_decode_of_structured_garbage_is_refused_with_a_protocol_code_or_kept_as_sent(cmd, fields, payload):
     frames = [msgpack.packb({"v": 1, "cmd": cmd, **fields}), *payload]
     try:
-        wire.decode(frames)
-    except wire.WireError:
-        pass
+        msg = wire.decode(frames)
+    except wire.WireError as err:
+        assert_refusal_is_documented(err)
+        if cmd == "X":
+            assert err.code == "unknown-command"
+        seq = fields.get("seq")
+        if type(seq) is int and 0 <= seq <= wire.MAX_UINT:
+            assert err.seq == seq, "a refusal of a header with a valid seq must echo it"
+        return
+    assert cmd != "X", "an unknown command was accepted"
+    assert msg.cmd == cmd and msg.frames == payload
+    assert msgpack.packb(msg.header) == frames[0], "the header was changed on the way in"
 
 
 def test_the_comms_layer_imports_neither_torch_nor_gymnasium():

@@ -1,0 +1,46 @@
+"""The broker's end of the data plane on its own: what a reader is handed, and which edges are relayed."""
+
+import topologies
+from gossiprl.comms.dataplane import BrokerPlane
+from gossiprl.comms.turnlocks import Letter, TurnLocks
+
+REF = {"host": "h", "seq": 1}
+
+
+def test_only_edges_the_reader_reads_are_relayed_and_each_is_counted_once():
+    plane = BrokerPlane("direct")
+    reads = {1: True, 2: False}.get  # the reader reads rank 1, not rank 2
+    plane.unreachable(0, [1, 2, 0, 9], lambda j: bool(reads(j)))
+    plane.unreachable(0, [1], lambda j: bool(reads(j)))
+    assert plane.relay_edges == {(1, 0)}
+    assert plane.events == {"data-plane-fallbacks": 1, "relay-requests-ignored": 3}
+
+
+def test_a_reader_gets_the_bytes_only_on_a_relayed_edge():
+    plane = BrokerPlane("auto")
+    plane.relay_edges.add((1, 0))
+    with_bytes = Letter(sender=1, round=0, header={"ref": REF}, payload=[b"xy"], nbytes=2)
+    assert plane.open_letter(with_bytes, 0) == ({"ref": REF, "relayed": True}, [b"xy"], 2)
+    assert plane.open_letter(with_bytes, 2) == ({"ref": REF, "relayed": False}, [], 0)
+    inline = Letter(sender=1, round=0, header={"tensors": []}, payload=[b"xy"], nbytes=2)
+    assert plane.open_letter(inline, 2) == ({"tensors": []}, [b"xy"], 2), "a letter without a reference goes whole"
+
+
+def test_a_writer_is_told_to_relay_only_to_registered_readers_of_its_reference():
+    locks = TurnLocks(topologies.make("full", 3))
+    plane = BrokerPlane("direct")
+    plane.relay_edges |= {(0, 1), (0, 2)}
+    assert plane.relays(0, locks, lambda i: True) == [], "no letter yet"
+    locks.publish(0, 1, 0, {"ref": REF}, [], 0, now=0.0)
+    assert plane.relays(0, locks, lambda i: True) == [1, 2]
+    assert plane.relays(0, locks, lambda i: i != 2) == [1]
+    locks.gone(1, now=1.0)
+    assert plane.relays(0, locks, lambda i: True) == [2], "a reader rewired away is not relayed to"
+
+
+def test_welcome_names_the_plane_and_the_fetch_token_only_where_they_apply():
+    assert BrokerPlane("broker").welcome() == {}
+    assert BrokerPlane("shm").welcome() == {"data_plane": "shm"}
+    direct = BrokerPlane("direct")
+    assert direct.welcome() == {"data_plane": "direct", "fetch_token": direct.fetch_token}
+    assert len(direct.fetch_token) == 32 and direct.fetch_token != BrokerPlane("direct").fetch_token
