@@ -148,9 +148,10 @@ def _wait_for_agents(broker: subprocess.Popen, agents: list[subprocess.Popen], t
             failed.append(("the broker", broker))
         if failed or time.monotonic() > deadline:
             stuck = [(f"agent-{r}", p) for r, p in enumerate(agents) if p.poll() is None]
-            for _, p in [(None, broker), *stuck]:
+            for p in [broker, *(p for _, p in stuck)]:
                 if p.poll() is None:
                     p.kill()
+                    p.wait()  # reaped before we go on: a killed process is gone, not dying
             what = "failed" if failed else f"gave no result within {timeout:g}s"
             report = "\n".join(
                 f"--- {name} (exit {p.wait()}):\n{p.communicate()[1][-2000:]}" for name, p in failed + stuck
