@@ -42,7 +42,11 @@ NOTES = {
     "'swarm beats one agent per second' reading, come from that. Agents now take one torch thread; the "
     "per-frame columns stand.",
     "swarm_learning": "The cells of each setting ran one seed after another, all settings per seed, on the "
-    "shared 2-core VM; wall-clock figures are confounded by that and are not the point of this study.",
+    "shared 2-core VM; wall-clock figures are confounded by that and are not the point of this study. "
+    "Every cell here ran under loop version 3, when agent r of seed s drew from seed s + r (so seeds shared "
+    "agents' episode streams); the study's next run re-runs them under today's (seed, rank) streams. In the "
+    "lr-rule cell of seed 3 the background jobs were starved for a few seconds by a "
+    "benchmark, and each agent skipped 5-9 of its 3,125 gossip rounds (`gossip/skipped` in their metrics).",
     "layout": "The spread layout runs the agents as `gossiprl agent` commands in network namespaces (as "
     "tests/integration/test_netns.py does): a broker host and two agent hosts with 2 agents each, every link "
     "shaped with tc to 1 Gbit/s; the same two cores serve all of them.",
