@@ -614,7 +614,7 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 )
 @click.pass_context
 def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb_entity, metrics_port, **_):
-    """Train a swarm of gossiping A2C agents on this host (broker + one process per agent).
+    """Train a swarm of gossiping A2C or PPO (--algo) agents on this host (broker + one process per agent).
 
     --resume continues the run in --run-dir with the settings in its config.json; flags may
     change only how long and how it runs (budget, time limit, stop rule, transport, data plane,
@@ -638,9 +638,9 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
         )
     swarm = replace(swarm, stop_at_return=stop_target(swarm.stop_at_return, threshold))
     run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed)
-    layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "plain A2C (no gossip)"
+    layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "no gossip"
     click.echo(
-        f"{swarm.agents} agent(s) on {cfg.env_id}, {layout}; run dir {run_dir}"
+        f"{swarm.agents} {cfg.algo} agent(s) on {cfg.env_id}, {layout}; run dir {run_dir}"
         + (f"; stops at mean return {swarm.stop_at_return}" if swarm.stop_at_return is not None else "")
     )
     click.echo(threads_line(replace(cfg, agents_per_host=swarm.agents), gossips=swarm.topology is not None))
