@@ -589,9 +589,12 @@ def stop_target(value: float | str | None, threshold: float | None) -> float | N
     return threshold if value == "auto" else value
 
 
-def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
+def default_run_dir(env_id: str, topology: str | None, seed: int, algo: str = "a2c") -> Path:
     env = env_id.rpartition(":")[2].replace("/", "-")  # MODULE:ENV_ID names the run after ENV_ID
-    name = f"{env}__{Path(topology).stem if topology else 'a2c'}__{seed}__{int(time.time())}"
+    layout = Path(topology).stem if topology else algo
+    if topology and algo != "a2c":
+        layout = f"{algo}-{layout}"
+    name = f"{env}__{layout}__{seed}__{int(time.time())}"
     return Path("runs") / name
 
 
@@ -637,7 +640,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
             swarm.topology, swarm.agents, swarm.peers, swarm.time_varying, swarm.peers_per_round, swarm.topology_options
         )
     swarm = replace(swarm, stop_at_return=stop_target(swarm.stop_at_return, threshold))
-    run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed)
+    run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed, cfg.algo)
     layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "no gossip"
     click.echo(
         f"{swarm.agents} {cfg.algo} agent(s) on {cfg.env_id}, {layout}; run dir {run_dir}"
