@@ -590,9 +590,12 @@ def stop_target(value: float | str | None, threshold: float | None) -> float | N
     return threshold if value == "auto" else value
 
 
-def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
+def default_run_dir(env_id: str, topology: str | None, seed: int, algo: str = "a2c") -> Path:
     env = env_id.rpartition(":")[2].replace("/", "-")  # MODULE:ENV_ID names the run after ENV_ID
-    name = f"{env}__{Path(topology).stem if topology else 'a2c'}__{seed}__{int(time.time())}"
+    layout = Path(topology).stem if topology else algo
+    if topology and algo != "a2c":
+        layout = f"{algo}-{layout}"
+    name = f"{env}__{layout}__{seed}__{int(time.time())}"
     return Path("runs") / name
 
 
@@ -615,7 +618,7 @@ def default_run_dir(env_id: str, topology: str | None, seed: int) -> Path:
 )
 @click.pass_context
 def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb_entity, metrics_port, **_):
-    """Train a swarm of gossiping A2C agents on this host (broker + one process per agent).
+    """Train a swarm of gossiping A2C or PPO (--algo) agents on this host (broker + one process per agent).
 
     --resume continues the run in --run-dir with the settings in its config.json; flags may
     change only how long and how it runs (budget, time limit, stop rule, transport, data plane,
@@ -638,10 +641,10 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
             swarm.topology, swarm.agents, swarm.peers, swarm.time_varying, swarm.peers_per_round, swarm.topology_options
         )
     swarm = replace(swarm, stop_at_return=stop_target(swarm.stop_at_return, threshold))
-    run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed)
-    layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "plain A2C (no gossip)"
+    run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed, cfg.algo)
+    layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "no gossip"
     click.echo(
-        f"{swarm.agents} agent(s) on {cfg.env_id}, {layout}; run dir {run_dir}"
+        f"{swarm.agents} {cfg.algo} agent(s) on {cfg.env_id}, {layout}; run dir {run_dir}"
         + (f"; stops at mean return {swarm.stop_at_return}" if swarm.stop_at_return is not None else "")
     )
     click.echo(threads_line(replace(cfg, agents_per_host=swarm.agents), gossips=swarm.topology is not None))

@@ -1,6 +1,6 @@
 """Configuration from one source: the dataclasses, read as flags, as files and on resume.
 
-SwarmConfig (``launch``), AgentConfig and A2CConfig (``rl.settings``) declare every setting once:
+SwarmConfig (``launch``), AgentConfig and the learners' configs (``rl.settings``) declare every setting once:
 its name, type and default, and in the attribute docstring under it what it means. From them
 this module makes
 
@@ -11,7 +11,9 @@ this module makes
   the flags given on the command line (``Settings.resolve``);
 * the configs themselves (``Settings.build``), without copying key by key;
 * on ``--resume``, the run's own config.json as the base, and the refusal of flags that would
-  change what the run has been learning with (``resume_values``).
+  change what the run has been learning with (``resume_values``);
+* one flag per learner hyperparameter name (``--lr`` sets A2C's or PPO's, whichever ``--algo``
+  picks), refused with the valid ones named when the chosen learner has no such setting.
 
 What a flag needs beyond its annotation goes in the field's ``metadata``, beside the field:
 ``flag`` (its name when not ``--field-name``), ``short`` (a one-letter alias), ``min`` / ``max``
@@ -39,10 +41,11 @@ import click
 from click.core import ParameterSource
 
 from .launch import SwarmConfig
-from .rl.settings import AgentConfig
+from .rl.settings import LEARNERS, AgentConfig
 
 SECTIONS = {"swarm": SwarmConfig, "agent": AgentConfig}
-"""The sections of a run's config.json and the config each holds; A2CConfig is agent.a2c."""
+"""The sections of a run's config.json and the config each holds; each learner's config is
+agent.<algo> (agent.a2c, agent.ppo)."""
 
 ALIASES = {"env": "env_id"}
 """Flat keys a file may use for a field: the flag's name where it differs from the field's."""
@@ -80,6 +83,10 @@ class Setting:
     """The annotation admits None."""
     field: dataclasses.Field
     help: str
+    learners: tuple[str, ...] = ()
+    """The learners (--algo) that take this hyperparameter; empty for a setting that is no learner's."""
+    defaults_differ: bool = False
+    """The learners' defaults differ: the flag's default is None, each learner's own default."""
 
     @property
     def name(self) -> str:
@@ -87,11 +94,20 @@ class Setting:
         return self.path[-1]
 
     @property
+    def paths(self) -> tuple[tuple[str, ...], ...]:
+        """Every place it sits in a run's config.json: a learner's hyperparameter in each learner's section."""
+        if not self.learners:
+            return (self.path,)
+        return tuple((*self.path[:-2], algo, self.name) for algo in self.learners)
+
+    @property
     def flag(self) -> str:
         return self.field.metadata.get("flag", "--" + self.name.replace("_", "-"))
 
     @property
     def default(self):
+        if self.defaults_differ:
+            return None
         if "cli_default" in self.field.metadata:
             return self.field.metadata["cli_default"]
         if self.field.default_factory is not dataclasses.MISSING:
@@ -203,7 +219,44 @@ def settings_of(section: str, only: tuple[str, ...] | None = None, exclude: tupl
             found.append(Setting((*path, f.name), typing.get_origin(base) or base, optional, f, docs[f.name]))
 
     walk(SECTIONS[section], (section,))
-    return found
+    return merge_learners(found)
+
+
+def merge_learners(found: list[Setting]) -> list[Setting]:
+    """One setting per learner hyperparameter name, in place of one per learner section.
+
+    A name two learners share takes one flag: its help gives each learner's docstring and default
+    where they differ, and its default is then None, which ``Settings.build`` leaves to the chosen
+    learner's own. The flag's type and range must be the same in every learner that has it."""
+    merged, groups = [], {}
+    for s in found:
+        if len(s.path) == 3 and s.path[:2] in {("agent", algo) for algo in LEARNERS}:
+            if s.name not in groups:
+                merged.append(s.name)
+            groups.setdefault(s.name, []).append(s)
+        else:
+            merged.append(s)
+    return [one_flag(groups[item]) if isinstance(item, str) else item for item in merged]
+
+
+def one_flag(group: list[Setting]) -> Setting:
+    """The one setting behind a learner hyperparameter's flag; ``group`` holds it once per learner."""
+    first = group[0]
+    if any((s.kind, s.field.metadata) != (first.kind, first.field.metadata) for s in group):
+        raise TypeError(f"{first.name}: its learners give it different types or ranges; one flag cannot take both")
+    defaults = [s.default for s in group]
+    differ = any(d != defaults[0] for d in defaults)
+    if not differ and all(s.help == first.help for s in group) and len(group) == len(LEARNERS):
+        help_text = first.help
+    else:
+        help_text = " ".join(f"[{s.path[1]}{f', default {s.default}' if differ else ''}] {s.help}" for s in group)
+    return dataclasses.replace(
+        first,
+        optional=differ or any(s.optional for s in group),
+        help=help_text,
+        learners=tuple(s.path[1] for s in group),
+        defaults_differ=differ,
+    )
 
 
 class Settings:
@@ -216,7 +269,7 @@ class Settings:
             if setting.name in self.by_name:
                 raise TypeError(f"`gossiprl {command}` would take {setting.name} twice")
             self.by_name[setting.name] = setting
-        self.by_path = {s.path: s for s in self.by_name.values()}
+        self.by_path = {path: s for s in self.by_name.values() for path in s.paths}
         self.defaults = defaults or {}
 
     def options(self, fn):
@@ -234,7 +287,22 @@ class Settings:
         given = self.given(ctx)
         values = {name: ctx.params[name] for name in self.by_name}
         values.update({name: value for name, value in (base or {}).items() if name not in given})
+        self.check_learner(values, given | set(base or {}))
         return values
+
+    def check_learner(self, values: dict, chosen: set[str]) -> None:
+        """Refuse a hyperparameter, given as a flag or in a file, that the chosen --algo does not take."""
+        algo = values.get("algo")
+        foreign = sorted(n for n in chosen if self.by_name[n].learners and algo not in self.by_name[n].learners)
+        if algo is None or not foreign:
+            return
+        valid = " ".join(s.flag for s in self.by_name.values() if algo in s.learners)
+        owners = " / ".join(sorted({a for n in foreign for a in self.by_name[n].learners}))
+        raise click.BadParameter(
+            f"{'a setting' if len(foreign) == 1 else 'settings'} of --algo {owners}, not of --algo {algo}; "
+            f"{algo} takes {valid}",
+            param_hint=", ".join(self.by_name[n].flag for n in foreign),
+        )
 
     def build(self, cls, values: dict, path: tuple[str, ...] | None = None):
         """``cls`` (SwarmConfig, AgentConfig) from the values; fields this command does not take keep their default."""
@@ -242,9 +310,12 @@ class Settings:
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for f in dataclasses.fields(cls):
+            setting = self.by_path.get((*path, f.name))
             if dataclasses.is_dataclass(hints[f.name]):
-                kwargs[f.name] = self.build(hints[f.name], values, (*path, f.name))
-            elif (*path, f.name) in self.by_path:
+                # another learner's section than --algo's keeps its defaults
+                other = path == ("agent",) and f.name in LEARNERS and values.get("algo", f.name) != f.name
+                kwargs[f.name] = hints[f.name]() if other else self.build(hints[f.name], values, (*path, f.name))
+            elif setting is not None and not (setting.learners and values[f.name] is None):
                 kwargs[f.name] = values[f.name]
         return cls(**kwargs)
 
@@ -257,9 +328,13 @@ class Settings:
         if "swarm" in data or "agent" in data:
             for key in data.keys() - {*SECTIONS, "topology"}:
                 self._unknown(key, source, ["swarm", "agent", "topology"])
-            known = {s.path for name in SECTIONS for s in settings_of(name)}
-            for path, value in _leaves(_upgrade(data)):
-                if path in self.by_path:
+            known = {p for name in SECTIONS for s in settings_of(name) for p in s.paths}
+            data = _upgrade(data)
+            algo = data["agent"].get("algo") or ctx.params.get("algo") or "a2c"
+            for path, value in _leaves(data):
+                if path in self.by_path and path[:2] in {("agent", a) for a in LEARNERS} - {("agent", algo)}:
+                    self._other_learner(path, value, algo, source)
+                elif path in self.by_path:
                     values[path[-1]] = self.by_path[path].from_file(value, ctx, source)
                 elif path not in known:
                     self._unknown(".".join(path), source, sorted(".".join(p) for p in known))
@@ -270,6 +345,16 @@ class Settings:
                 self._unknown(key, source, sorted(self.by_name))
             values[name] = self.by_name[name].from_file(value, ctx, source)
         return values
+
+    def _other_learner(self, path: tuple[str, ...], value, algo: str, source: str) -> None:
+        """A run's record holds every learner's section, the others at their defaults: those are
+        passed over; a value set in another learner's section than the file's algo is refused."""
+        if value != getattr(LEARNERS[path[1]](), path[-1]):
+            raise click.BadParameter(
+                f"{source}: {'.'.join(path)} is a setting of --algo {path[1]}, and this run's algo is {algo}; "
+                f"move it to [agent.{algo}] if {algo} takes it, or set algo = {path[1]!r}",
+                param_hint="--config",
+            )
 
     def _unknown(self, key: str, source: str, valid: list[str]):
         close = difflib.get_close_matches(key, valid, n=1)
@@ -286,7 +371,7 @@ def _leaves(data: dict, path: tuple[str, ...] = ()):
     for key, value in data.items():
         if not path and key == "topology":
             continue
-        if isinstance(value, dict) and (not path or key == "a2c"):
+        if isinstance(value, dict) and (not path or key in LEARNERS):
             yield from _leaves(value, (*path, key))
         else:
             yield (*path, key), value
@@ -301,7 +386,7 @@ def _upgrade(data: dict) -> dict:
     (a whole run's dump has checkpoint_every and a2c; a file a person wrote need not), every agent
     drew its own initial network, and an unset entropy_coef meant 0 on MinAtar, where it now means
     the papers' 0.01. Before overlap_lr_scale existed, overlapped gossip kept the learning rate as
-    given."""
+    given. Before there was more than one learner, every run was A2C."""
     swarm, agent = dict(data.get("swarm") or {}), dict(data.get("agent") or {})
     if "agents" in agent:
         agent["agents_per_host"] = agent.pop("agents")
@@ -315,6 +400,8 @@ def _upgrade(data: dict) -> dict:
         agent["a2c"] = a2c
     if {"checkpoint_every", "gossip_overlap"} <= agent.keys() and "overlap_lr_scale" not in agent:
         agent["overlap_lr_scale"] = False
+    if {"checkpoint_every", "a2c"} <= agent.keys() and "algo" not in agent:
+        agent["algo"] = "a2c"
     return {**data, "swarm": swarm, "agent": agent}
 
 
@@ -380,7 +467,7 @@ def config_option(fn):
         "config_file",
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
         help="Settings from a TOML or YAML file, or a run's config.json: flat keys (lr = 1e-3, env = "
-        "'Acrobot-v1') or [swarm] / [agent] / [agent.a2c] sections. Flags given here win over the file.",
+        "'Acrobot-v1') or [swarm] / [agent] / [agent.a2c] / [agent.ppo] sections. Flags given here win over the file.",
     )(fn)
 
 
@@ -397,7 +484,7 @@ def resume_values(ctx: click.Context, settings: Settings, run_dir: Path | None, 
     only for a field marked ``may_change_on_resume``: how long and how the swarm runs (its
     budget, time limit, stop rule, transport and data plane, the device, threads, logging and
     checkpoint periods), never what the agents learn with (agents, topology, mode, env, seed,
-    A2C's hyperparameters, codec, aggregation). Flags equal to the saved value are fine."""
+    the learner and its hyperparameters, codec, aggregation). Flags equal to the saved value are fine."""
     if run_dir is None:
         raise click.UsageError("--resume needs --run-dir: the run to continue")
     if config_file is not None:

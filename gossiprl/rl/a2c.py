@@ -1,4 +1,4 @@
-"""Synchronous advantage actor-critic (A2C), the learner inside every PALA/GALA agent.
+"""Synchronous advantage actor-critic (A2C), the learner inside every PALA/GALA agent (``--algo a2c``).
 
 Read top to bottom: n-step returns, the loss, rollout storage, one update. The hyperparameters,
 A2CConfig, are declared in ``settings`` (torch-free, for the command line); their defaults are
@@ -107,9 +107,10 @@ def make_optimizer(model: nn.Module, cfg: A2CConfig) -> torch.optim.Optimizer:
 
 
 def update(
-    model: nn.Module, optimizer: torch.optim.Optimizer, rollout: Rollout, cfg: A2CConfig
+    model: nn.Module, optimizer: torch.optim.Optimizer, rollout: Rollout, cfg: A2CConfig, progress: float = 0.0
 ) -> dict[str, torch.Tensor]:
-    """One A2C step on a full rollout: evaluate, n-step returns, loss, clipped RMSProp step."""
+    """One A2C step on a full rollout: evaluate, n-step returns, loss, clipped RMSProp step.
+    ``progress`` (the budget spent) goes unused: the papers' A2C keeps its learning rate."""
     n_steps, num_envs = rollout.rewards.shape
     logits, values = model(rollout.obs.flatten(0, 1))
     values = values.view(n_steps + 1, num_envs)

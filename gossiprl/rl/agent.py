@@ -1,9 +1,10 @@
-"""One PALA/GALA agent: an A2C learner that hands its parameters to gossip after each update.
+"""One PALA/GALA agent: a learner that hands its parameters to gossip after each update.
 
-``train`` is the whole agent in one loop: act n_steps in every env, one A2C update, then
-(every ``gossip_every`` updates) ``gossip.exchange(flat_params)``, which mixes the peers'
-parameters into ours in place. The loop knows nothing about sockets or topologies; any object
-with that one method will do, and ``gossip=None`` is plain single-agent A2C.
+``train`` is the whole agent in one loop: act n_steps in every env, one update by the learner
+``--algo`` names (``learners``: A2C, PPO), then (every ``gossip_every`` updates)
+``gossip.exchange(flat_params)``, which mixes the peers' parameters into ours in place. The loop
+knows nothing about sockets or topologies; any object with that one method will do, and
+``gossip=None`` is plain single-agent training.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from gossiprl.rl.a2c import Rollout, make_optimizer, resolve_defaults, update
+from gossiprl.rl.a2c import Rollout
 from gossiprl.rl.envs import make_env
+from gossiprl.rl.learners import LEARNERS
 from gossiprl.rl.models import flatten_parameters, make_model
 from gossiprl.rl.settings import AgentConfig, thread_plan
 
@@ -108,6 +110,11 @@ def train(
                 f"{checkpoint_path} was trained on {checkpoint['config'].get('env_id')}, "
                 f"this run asks for {cfg.env_id}: resume with that --env or use another --run-dir"
             )
+        if checkpoint["config"].get("algo", "a2c") != cfg.algo:  # before --algo, every run was A2C
+            raise CheckpointError(
+                f"{checkpoint_path} was trained by {checkpoint['config'].get('algo', 'a2c')}, this run asks "
+                f"for {cfg.algo}: resume with that --algo or use another --run-dir"
+            )
         changed = changed_on_resume(checkpoint["config"], cfg)
         if changed:
             raise CheckpointError(
@@ -126,14 +133,15 @@ def train(
     threads = thread_plan(cfg)
     torch.set_num_threads(threads["torch"])
     device = pick_device(cfg.device, rank)
-    a2c = resolve_defaults(cfg.a2c, cfg.env_id)
+    learner = LEARNERS[cfg.algo]
+    hp = learner.resolve_defaults(getattr(cfg, cfg.algo), cfg.env_id)
     if gossip is not None and cfg.gossip_overlap and cfg.overlap_lr_scale:
         # an overlapped round moves the swarm's mean by u / (2 - p_ii): scale u back up (docs/algorithm.md)
-        a2c = replace(a2c, lr=a2c.lr * (2.0 - gossip.self_weight))
+        hp = replace(hp, lr=hp.lr * (2.0 - gossip.self_weight))
 
     envs = make_env(
         cfg.env_id,
-        a2c.num_envs,
+        hp.num_envs,
         int(rng.integers(2**30)),
         sticky_actions=cfg.sticky_actions,
         num_threads=threads["env"],
@@ -145,7 +153,7 @@ def train(
     model = make_model(envs.observation_space, envs.action_space).to(device)
     torch.manual_seed(int(rng.integers(2**31)))
     flat_params = flatten_parameters(model)
-    optimizer = make_optimizer(model, a2c)
+    optimizer = learner.make_optimizer(model, hp)
     if checkpoint:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -162,9 +170,9 @@ def train(
         )
 
     first_obs = torch.from_numpy(envs.reset())
-    rollout = Rollout(a2c.n_steps, a2c.num_envs, first_obs.shape[1:], first_obs.dtype, device)
+    rollout = Rollout(hp.n_steps, hp.num_envs, first_obs.shape[1:], first_obs.dtype, device)
     rollout.obs[0].copy_(first_obs)
-    frames_per_update = a2c.n_steps * a2c.num_envs * envs.frames_per_step
+    frames_per_update = hp.n_steps * hp.num_envs * envs.frames_per_step
     log = MetricsLog(agent_dir, resume, purge_step=counters["frames"] if checkpoint else None)
 
     updates, frames, episodes = counters["updates"], counters["frames"], counters["episodes"]
@@ -184,7 +192,7 @@ def train(
     finished = frames >= cfg.total_frames or (stop is not None and stop.is_set())
     while not finished:
         t0 = time.perf_counter()
-        for step in range(a2c.n_steps):
+        for step in range(hp.n_steps):
             with torch.inference_mode():
                 logits, _ = model(rollout.obs[step])
                 actions = sample(logits)
@@ -196,10 +204,10 @@ def train(
             if len(cut):  # time limit: bootstrap from the state the episode was cut in
                 with torch.no_grad():
                     _, cut_values = model(torch.from_numpy(final_obs).to(device))
-                rollout.truncation_bonus(step, torch.from_numpy(cut).to(device), cut_values, a2c)
+                rollout.truncation_bonus(step, torch.from_numpy(cut).to(device), cut_values, hp)
         t1 = time.perf_counter()
 
-        losses = update(model, optimizer, rollout, a2c)
+        losses = learner.update(model, optimizer, rollout, hp, progress=frames / cfg.total_frames)
         rollout.next_rollout()
         updates += 1
         frames += frames_per_update

@@ -1,10 +1,15 @@
-"""The agent's settings, A2CConfig and AgentConfig: plain dataclasses, importable without torch.
+"""The agent's settings, the learners' (A2CConfig, PPOConfig) and AgentConfig: plain dataclasses,
+importable without torch.
 
-They live apart from the learner (``a2c``) and the loop (``agent``), which need torch, because
+They live apart from the learners (``a2c``, ``ppo``) and the loop (``agent``), which need torch, because
 the command line is built from them (``gossiprl.config``) and must start, and print its help,
 on the comms-only install. Each field's default and attribute docstring are its one
 declaration: ``gossiprl run --help`` shows that docstring. ``field(metadata=...)`` carries what
 a flag needs beyond the type (a range, the valid choices); ``gossiprl.config`` says which keys.
+
+The learners' hyperparameters share one flag per name (--lr, --num-envs ...): a learner's section
+of AgentConfig is named as its ``--algo``, and a name that means the same in two learners is
+spelt the same in both.
 """
 
 from __future__ import annotations
@@ -56,6 +61,49 @@ class A2CConfig:
     clip_rewards: bool | None = None
     """Use sign(r) in the loss, as DeepMind does so one lr fits every game. None means: on
     for Atari, off otherwise. Logged episode returns are always the raw score."""
+
+
+@dataclass
+class PPOConfig:
+    num_envs: int | None = field(default=None, metadata={"min": 1})
+    """Environments stepped in lockstep by this agent. None: CleanRL's 4 on control tasks
+    (ppo.py), 8 on Atari and MinAtar games (ppo_atari.py)."""
+    n_steps: int = field(default=128, metadata={"min": 1})
+    """Steps per env in each rollout (CleanRL's num_steps); the batch is n_steps x num_envs."""
+    lr: float = field(default=2.5e-4, metadata={"min": 0, "min_open": True})
+    """Adam learning rate (CleanRL's, on control tasks and Atari alike)."""
+    anneal_lr: bool = True
+    """Decay the learning rate linearly to 0 over this agent's --total-frames, as CleanRL does."""
+    adam_eps: float = field(default=1e-5, metadata={"min": 0, "min_open": True})
+    """Adam epsilon (CleanRL's 1e-5, not torch's 1e-8)."""
+    gamma: float = field(default=0.99, metadata={"min": 0, "max": 1})
+    """Discount factor."""
+    gae_lambda: float = field(default=0.95, metadata={"min": 0, "max": 1})
+    """GAE's lambda: 1 gives the n-step return's advantage, 0 the one-step TD error."""
+    update_epochs: int = field(default=4, metadata={"min": 1})
+    """Passes over each rollout (CleanRL's K epochs)."""
+    num_minibatches: int = field(default=4, metadata={"min": 1})
+    """Minibatches per epoch: each epoch shuffles the rollout and takes this many optimizer steps."""
+    norm_adv: bool = True
+    """Normalise the advantages within each minibatch to mean 0, standard deviation 1."""
+    clip_coef: float | None = field(default=None, metadata={"min": 0, "min_open": True})
+    """The surrogate's clip range on the probability ratio, also the value clip's range. None:
+    CleanRL's 0.2 on control tasks (ppo.py), 0.1 on Atari and MinAtar games (ppo_atari.py)."""
+    clip_vloss: bool = True
+    """Clip the value loss around the rollout's values, as CleanRL (and PPO's baselines code) do."""
+    entropy_coef: float = field(default=0.01, metadata={"min": 0})
+    """Weight of the entropy bonus (CleanRL's 0.01 on every env)."""
+    value_coef: float = field(default=0.5, metadata={"min": 0})
+    """Weight of the value loss against the policy loss (one shared optimizer)."""
+    max_grad_norm: float = field(default=0.5, metadata={"min": 0, "min_open": True})
+    """Global gradient-norm clip of each minibatch step."""
+    clip_rewards: bool | None = None
+    """Use sign(r) in the loss (CleanRL's ClipRewardEnv). None means: on for Atari, off otherwise.
+    Logged episode returns are always the raw score."""
+
+
+LEARNERS = {"a2c": A2CConfig, "ppo": PPOConfig}
+"""Each --algo and its hyperparameters: AgentConfig holds one section per learner, of the same name."""
 
 
 @dataclass
@@ -113,8 +161,13 @@ class AgentConfig:
     """Updates between checkpoints (one is also written at the end)."""
     stop_at_return: float | None = field(default=None, metadata={"may_change_on_resume": True})
     """Stop early once the mean of this agent's last 100 finished episodes reaches this."""
+    algo: str = field(default="a2c", metadata={"choices": tuple(LEARNERS)})
+    """The learner, i.e. the update rule between two rollouts: 'a2c' (the PALA / GALA papers') or
+    'ppo' (CleanRL's clipped PPO). Its hyperparameters are the flags marked with its name."""
     a2c: A2CConfig = field(default_factory=A2CConfig)
-    """The learner's hyperparameters (paper defaults)."""
+    """A2C's hyperparameters (paper defaults), used with --algo a2c."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """PPO's hyperparameters (CleanRL's defaults), used with --algo ppo."""
 
 
 def host_cores() -> int:

@@ -351,3 +351,84 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 def test_a_yaml_alias_bomb_or_an_oversized_file_is_refused_before_it_is_expanded(tmp_path, recorded, name, text, words):
     """Issue 19 F14: a 530-byte YAML alias bomb took the config loader to 2.3 GB."""
     _refused_in_one_line(tmp_path, recorded, name, text, words)
+
+
+# ------------------------------------------------------------------ the learner (--algo) and its hyperparameters
+
+
+def test_algo_picks_the_section_the_shared_flags_set(tmp_path, recorded):
+    from gossiprl.rl.settings import PPOConfig
+
+    result = invoke("run", "--algo", "ppo", "--lr", 1e-3, "--clip-coef", 0.3, "--run-dir", tmp_path / "r")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (_, cfg, _), _ = recorded[0]
+    assert cfg.algo == "ppo" and (cfg.ppo.lr, cfg.ppo.clip_coef, cfg.ppo.n_steps) == (1e-3, 0.3, 128)
+    assert cfg.a2c == A2CConfig()  # the learner not chosen keeps its defaults
+    invoke("run", "--lr", 1e-3, "--run-dir", tmp_path / "s")
+    (_, cfg, _), _ = recorded[1]
+    assert cfg.algo == "a2c" and cfg.a2c.lr == 1e-3 and cfg.ppo == PPOConfig()
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--algo", "sac"], ["'sac' is not one of 'a2c', 'ppo'"]),
+        (
+            ["--algo", "ppo", "--rmsprop-alpha", 0.9],
+            ["--rmsprop-alpha: a setting of --algo a2c, not of --algo ppo; ppo takes", "--gae-lambda"],
+        ),
+        (
+            ["--clip-coef", 0.1, "--update-epochs", 2],
+            ["--clip-coef, --update-epochs: settings of --algo ppo, not of --algo a2c", "a2c takes --num-envs"],
+        ),
+    ],
+)
+def test_an_unknown_algo_or_another_learners_flag_is_refused_in_one_line(tmp_path, recorded, args, words):
+    result = invoke("run", *args, "--run-dir", tmp_path / "r", "--no-progress")
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1 and all(w in error[0] for w in words), result.output
+    assert recorded == []
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ('algo = "ppo"\nrmsprop_alpha = 0.9\n', ["--rmsprop-alpha: a setting of --algo a2c, not of --algo ppo"]),
+        ("[agent]\nseed = 2\n[agent.ppo]\nclip_coef = 0.3\n", ["agent.ppo.clip_coef is a setting of --algo ppo"]),
+    ],
+)
+def test_a_file_setting_another_learners_hyperparameter_is_refused(tmp_path, recorded, text, words):
+    _refused_in_one_line(tmp_path, recorded, "run.toml", text, words)
+
+
+def test_a_ppo_run_resumes_as_ppo_and_refuses_another_algo(tmp_path, recorded):
+    from gossiprl.rl.settings import PPOConfig
+
+    run_dir = tmp_path / "x"
+    run_dir.mkdir()
+    agent = asdict(AgentConfig(algo="ppo", total_frames=2000, ppo=PPOConfig(lr=1e-3, num_envs=2)))
+    (run_dir / "config.json").write_text(json.dumps({"swarm": asdict(SwarmConfig(agents=1)), "agent": agent}))
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--lr", 1e-3, "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (_, cfg, _), _ = recorded[0]
+    assert cfg.algo == "ppo" and (cfg.ppo.lr, cfg.ppo.num_envs) == (1e-3, 2) and cfg.a2c == A2CConfig()
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--algo", "a2c", "--no-progress")
+    assert result.exit_code == 1 and "--algo a2c conflicts with the run's algo=ppo" in result.output
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--lr", 2e-3, "--no-progress")
+    assert result.exit_code == 1 and "--lr 0.002 conflicts with the run's lr=0.001" in result.output
+    assert len(recorded) == 1
+
+
+def test_a_config_json_from_before_algo_resumes_as_a2c(tmp_path, recorded):
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    agent = asdict(AgentConfig(total_frames=1500, a2c=A2CConfig(lr=1e-3)))
+    del agent["algo"], agent["ppo"]
+    (run_dir / "config.json").write_text(json.dumps({"swarm": asdict(SwarmConfig(agents=1)), "agent": agent}))
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (_, cfg, _), _ = recorded[0]
+    assert cfg.algo == "a2c" and cfg.a2c.lr == 1e-3
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--algo", "ppo", "--no-progress")
+    assert result.exit_code == 1 and "--algo ppo conflicts with the run's algo=a2c" in result.output
