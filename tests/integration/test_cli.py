@@ -254,6 +254,7 @@ def test_bench_train_quick_measures_every_row_in_one_run(tmp_path):
         "minimal A2C loop, one core busy",
         "one agent, one core busy",
         "one agent, one core busy, old threads",
+        "2 minimal loops side by side",
         "ring of 2, sync, blocking",
         "ring of 2, sync, overlapped",
         "ring of 2, async, overlapped",
@@ -262,7 +263,9 @@ def test_bench_train_quick_measures_every_row_in_one_run(tmp_path):
     assert all(row["fps"] > 0 for name, row in rows.items() if not name.endswith("old threads"))
     ring = rows["ring of 2, sync, overlapped"]["shares"]
     assert set(ring) == {"rollout", "learn", "gossip_wait", "mix"} and 0 < sum(ring.values()) <= 1.0
-    assert re.search(r"ring of 2, sync, overlapped +[\d,]+ frames/s +\d+\.\d\dx one agent", result.output)
+    assert re.search(
+        r"ring of 2, sync, overlapped +[\d,]+ frames/s +\d+\.\d\dx one agent, +\d+\.\d\dx side by side", result.output
+    )
 
 
 def test_bench_train_refuses_bad_flags_in_one_line():
