@@ -51,8 +51,8 @@ def _run(attack, aggregate="mean", kind="numpy", honest_peer=False, seed=0):
 
 
 def _promised(size):
-    """The cap's promise over ROUNDS rounds, with 10 % for the sampled step's error: less than the
-    path our own ROUNDS steps took, ROUNDS * size."""
+    """The cap's promise over ROUNDS rounds, with 10 % for the sampled step's error: about the path
+    our own ROUNDS steps took, ROUNDS * size (0.23 against 0.2 |x0| here)."""
     return 1.1 * DeviationBound.DRIFT * size * (1 + ROUNDS / DeviationBound.WINDOW)
 
 
@@ -75,7 +75,7 @@ def test_a_stealthy_peer_drags_no_farther_than_the_drift_cap(aggregate, kind, ho
     """Before the cap, this peer dragged the agent 9,370 |x0| in 200 rounds (370 |x0| with an honest
     in-peer beside it), against a path of 0.2 |x0| for the agent's own steps."""
     norm0, dragged, size, bound, _ = _run(_stealthy, aggregate, kind, honest_peer)
-    assert dragged <= ROUNDS * size, f"mixing moved us {dragged / norm0:.3g} |x0|, farther than our own steps"
+    assert dragged <= 2 * ROUNDS * size, f"mixing moved us {dragged / norm0:.3g} |x0|, twice our own steps' path"
     assert dragged <= _promised(size) and bound.clipped > 0
 
 
