@@ -284,9 +284,11 @@ def measure_mix(numel: int = NATURE_CNN_PARAMS, reps: int = 50, torch_tensor: bo
 
     The two are timed alternately in one loop, so both see the same cache and load; the mix is
     the one an agent runs (deviation bound on), on a numpy array or, with ``torch_tensor``, on
-    the CPU torch tensor the agent trains. Hot, both work on one pair of arrays that stays in the
-    CPU's caches; ``cold`` rotates over pairs filling COLD_BYTES, so each call meets its bytes
-    in main memory, as an agent meets a letter that has just arrived.
+    the CPU torch tensor the agent trains. Before each mix the parameters take a small step of
+    their own, untimed, as an agent's update moves them (the bound's drift cap measures it; a
+    still agent would time the cap's cut-back sweep instead). Hot, both work on one pair of arrays
+    that stays in the CPU's caches; ``cold`` rotates over pairs filling COLD_BYTES, so each call
+    meets its bytes in main memory, as an agent meets a letter that has just arrived.
     """
     from ..comms.gossip import DeviationBound, mix
 
@@ -303,9 +305,11 @@ def measure_mix(numel: int = NATURE_CNN_PARAMS, reps: int = 50, torch_tensor: bo
     else:
         as_own = np.asarray
     bound = DeviationBound()
+    update = rng.standard_normal(numel, dtype=np.float32) * 1e-4
     mix_s, axpy_s = [], []
     for i in range(reps + 3):
         own, letter = pairs[(2 * i) % count]
+        own += update
         own = as_own(own)
         x, m = pairs[(2 * i + 1) % count]
         t0 = time.perf_counter()

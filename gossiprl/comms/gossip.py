@@ -20,11 +20,13 @@ import numpy as np
 
 from .client import BrokerUnavailable, GossipClient, GossipTimeout
 from .tensors import (
+    accumulator,
     as_like,
     assign,
     copy_of,
     dtype_name,
     flat_view,
+    inner,
     is_floating,
     named_tensors,
     sorted_stack,
@@ -63,29 +65,58 @@ class MixResult:
     mixing; NaN when no letter was mixed."""
     refused: bool = False
     """Our own parameters were already non-finite: nothing was mixed, no peer was blamed."""
+    pull: float = 1.0
+    """The share of the letters' pull that was mixed in: below 1 when the drift cap cut it (DeviationBound)."""
 
 
 class DeviationBound:
-    """Drops a letter whose distance from our parameters is far outside the recent distances.
+    """What letters may do to our parameters: one far off is dropped, and all of them together
+    may drag us only as far as our own learning moves us.
 
-    The rule: a letter at L2 distance d from our parameters is dropped when
-    ``d > factor * max(median(recent), FLOOR * |x|)``, where ``recent`` are the distances of the
-    last ``window`` letters accepted and |x| is the norm of our own parameters. Until ``warmup``
-    letters have been accepted the scale is |x| itself (two independent initialisations lie
-    about sqrt(2) |x| apart; all-zero parameters, which give no scale, count as |x| = 1), so a
-    first letter of 1e30 is refused as surely as a later one.
-    The floor means a letter within ``factor * FLOOR * |x|`` (|x| itself at the default factor)
-    is never an outlier. Without it a swarm near consensus, whose recent distances are one
-    optimizer step, refuses the first larger honest step; the two agents then drift apart without
-    mixing, every later letter is farther still, and they never mix again (with a floor of
-    1e-3 |x|, two A2C agents on Pong dropped 316 letters in 40 s). Honest agents stay well within
-    the norm of their own parameters, while the poison the bound exists for (1e30, float32's
-    maximum, x + 1e4) lies orders of magnitude beyond it. Drops are counted in ``gossip/dropped``.
+    **Drop.** A letter at L2 distance d from our parameters is dropped when
+    ``d > factor * max(median(recent), FLOOR * S)``, where ``recent`` are the distances of the
+    last ``window`` letters accepted and S = max(|x|, UNIT * sqrt(n)): the norm of our own n
+    parameters, or that of n parameters of a typical initialisation's size if it is larger.
+    Until ``warmup`` letters have been accepted the scale is S itself (two independent
+    initialisations lie about sqrt(2) |x| apart), so a first letter of 1e30 is refused as surely
+    as a later one. S is never our norm alone: an agent whose parameters are all zero, or tiny,
+    would otherwise drop every honest letter, and, since only accepted letters end the warm-up,
+    drop them for good. The floor means a letter within ``factor * FLOOR * S`` is never an
+    outlier. Without it a swarm near consensus, whose recent distances are one optimizer step,
+    refuses the first larger honest step; the two agents then drift apart without mixing, every
+    later letter is farther still, and they never mix again (with a floor of 1e-3 |x|, two A2C
+    agents on Pong dropped 316 letters in 40 s). Drops are counted in ``gossip/dropped``.
+
+    **Drift cap.** Judging each letter on its own cannot stop a peer that stays inside the drop
+    bound: one pulling a tenth of |x| every round in one direction dragged a swarm 8,360 |x|,
+    and an all-zero one collapsed its neighbours towards zero, with nothing dropped (the recent
+    distances it is judged by are its own). So the bound also keeps the trailing sum of what
+    mixing did to us, M <- (1 - 1/WINDOW) M + delta (delta: this mix's displacement), and cuts a
+    round's pull (every letter's alike, ``MixResult.pull``) so that |M| stays within DRIFT times
+    our own recent step: the median distance our own updates moved us between mixes, measured
+    on SAMPLE coordinates. Honest mixing pulls to and fro, undoing what the agents' noisy steps
+    spread apart, so M stays a few steps long; a steady pull fills it and then moves us by at
+    most DRIFT / WINDOW of our own steps per round (half, by default), whatever the peers send.
+    The scale is our own learning pace, which no peer sets; not the distances peers send, which
+    a patient one trains, nor the norm of our parameters. Before our first step is known the
+    cap is FLOOR * S. Cut mixes are counted in ``gossip/clipped``.
     """
 
     FLOOR = 0.1
+    UNIT = 0.1
+    """The RMS of a typical initialisation (PyTorch's for a layer 64 wide is about 0.07)."""
     NORM_EVERY = 64
     """After warm-up |x| only sets the floor, so it is measured once every this many mixes."""
+    WINDOW = 256
+    """Rounds the trailing sum of pulls remembers (its decay is 1 - 1/WINDOW)."""
+    DRIFT = 128.0
+    """How many of our own steps long the trailing sum of pulls may grow. Honest agents' sums reached
+    19-20 steps at the median and 54 at most (a ring of 4 on CartPole, up to 625 rounds each); this leaves
+    them room and holds a steady pull to half a step per round."""
+    SAMPLE = 4096
+    """Coordinates our own step is measured on: a few thousand estimate a dense step's length well."""
+    STILL = 1e-4
+    """An agent whose own steps are shorter than STILL * S (one that does not learn) still mixes, slowly."""
 
     def __init__(self, factor: float = DEFAULT_DEVIATION_BOUND, window: int = 32, warmup: int = 4):
         if not (factor > 1 and math.isfinite(factor)):
@@ -93,21 +124,93 @@ class DeviationBound:
         self.factor = factor
         self.warmup = warmup
         self.recent: deque[float] = deque(maxlen=window)
+        self.steps: deque[float] = deque(maxlen=window)
         self.own_norm = 0.0
+        self.numel = 0
+        self.clipped = 0
+        self.trail: dict[str, Any] | None = None
+        """M / trail_scale, the trailing sum of pulls, one accumulator per tensor (in at least float32).
+        Decaying the scale rather than the sum spares a pass over memory each mix."""
+        self.trail_scale = 1.0
+        self.trail_sq = 0.0
+        """|M|^2."""
         self._mixes = 0
+        self._shapes: dict[str, tuple] = {}
+        self._last: dict[str, Any] | None = None
+        """The sampled coordinates of our parameters as the last mix left them."""
+        self._weights: dict[str, float] = {}
 
     def wants_norm(self) -> bool:
         self._mixes += 1
         return len(self.recent) < self.warmup or self._mixes % self.NORM_EVERY == 1
 
+    def _scale(self) -> float:
+        return max(self.own_norm, self.UNIT * math.sqrt(self.numel), 1e-30)
+
     def limit(self, own_norm: float | None) -> float:
         if own_norm is not None:
             self.own_norm = own_norm
-        scale = float(np.median(self.recent)) if len(self.recent) >= self.warmup else (self.own_norm or 1.0)
-        return self.factor * max(scale, self.FLOOR * self.own_norm, 1e-30)
+        scale = float(np.median(self.recent)) if len(self.recent) >= self.warmup else self._scale()
+        return self.factor * max(scale, self.FLOOR * self._scale())
 
     def accept(self, distances: Sequence[float]) -> None:
         self.recent.extend(distances)
+
+    def begin(self, own: Mapping[str, Any]) -> None:
+        """Before a mix: start afresh on parameters of another schema, and note how far our own
+        update moved us since the last mix."""
+        shapes = {name: tuple(x.shape) for name, x in own.items()}
+        if shapes != self._shapes:
+            self._shapes, self.numel = shapes, sum(math.prod(s) for s in shapes.values())
+            self.trail, self.trail_scale, self.trail_sq, self._last = None, 1.0, 0.0, None
+            self.steps.clear()
+            stride = max(1, self.numel // self.SAMPLE)
+            self._weights = {name: math.prod(s) / max(1, -(-math.prod(s) // stride)) for name, s in shapes.items()}
+            """Each sampled coordinate stands for this many of its tensor's."""
+        if self.trail is None:
+            self.trail = {name: accumulator(x) for name, x in own.items()}
+        if self._last is not None:
+            sample = self._sample(own)
+            sq = sum(w * squared_norm(sample[name] - self._last[name]) for name, w in self._weights.items())
+            self.steps.append(sq**0.5)
+
+    def end(self, own: Mapping[str, Any]) -> None:
+        """After a mix (or a round whose letters were all dropped): remember where it left us."""
+        self._last = self._sample(own)
+
+    def _sample(self, own: Mapping[str, Any]) -> dict[str, Any]:
+        """Every stride-th coordinate of each tensor, copied (a few thousand in all)."""
+        stride = max(1, self.numel // self.SAMPLE)
+        return {name: copy_of(x.reshape(-1)[::stride]) for name, x in own.items()}
+
+    def decayed_scale(self) -> float:
+        """trail_scale after this round's decay (pull commits it); the sum is rescaled once it is small."""
+        if self.trail_scale < 1e-3:
+            for m in self.trail.values():
+                m *= self.trail_scale
+            self.trail_scale = 1.0
+        return self.trail_scale * (1 - 1 / self.WINDOW)
+
+    def cap(self) -> float:
+        """How long the trailing sum of pulls may grow: DRIFT of our own recent steps."""
+        if not self.steps:
+            return self.FLOOR * self._scale()
+        return self.DRIFT * max(float(np.median(self.steps)), self.STILL * self._scale())
+
+    def pull(self, cross: float, delta_sq: float, scale: float) -> float:
+        """The largest share t in [0, 1] of this round's displacement delta that keeps the trailing
+        sum a + t delta within the cap, a = (1 - 1/WINDOW) M and ``cross`` = <a, delta> (when a is
+        already longer, a pull may only shorten it). Commits |M|^2 for that share and the decayed scale."""
+        a_sq = self.trail_sq * (1 - 1 / self.WINDOW) ** 2
+        limit_sq = max(self.cap() ** 2, a_sq)
+        t = 1.0
+        if delta_sq > 0 and a_sq + 2 * cross + delta_sq > limit_sq:
+            disc = max(0.0, cross * cross - delta_sq * (a_sq - limit_sq))
+            t = min(1.0, max(0.0, (-cross + math.sqrt(disc)) / delta_sq))
+            self.clipped += 1
+        self.trail_sq = max(0.0, a_sq + 2 * t * cross + t * t * delta_sq)  # >= 0 whatever rounding did
+        self.trail_scale = scale
+        return t
 
 
 def refuse_integers(own: Mapping[str, Any]) -> None:
@@ -145,6 +248,9 @@ class _Pass:
     consensus_sq: float = 0.0
     own_sq: float = 0.0
     """|x|^2, measured by the measure-first path (the fused one asks DeviationBound.wants_norm)."""
+    cross: float = 0.0
+    """<(1 - 1/WINDOW) M, delta>: how this mix's displacement lines up with the trailing sum of pulls."""
+    pull: float = 1.0
     bad: list[int] = field(default_factory=list)
     own_bad: bool = False
 
@@ -165,7 +271,8 @@ def mix(
     in-peers sent nothing (async mode) or sent something unusable, the weights of the
     letters used and of ``rank`` itself are renormalised to sum to 1, so the update stays a
     convex combination. Letters with non-finite values, or beyond ``bound``, are dropped, so
-    one diverged or hostile agent cannot poison its neighbours; if our own parameters are
+    one diverged or hostile agent cannot poison its neighbours, and ``bound`` caps how far the
+    letters kept may drag us over the rounds (``MixResult.pull``); if our own parameters are
     already non-finite nothing is mixed (``refused``). ``aggregate`` "trimmed-mean" and
     "median" replace the weighted mean by a coordinate-wise statistic over our parameters and
     the letters, each counted once (the weights are then not used): the median of three
@@ -184,6 +291,8 @@ def mix(
             dropped.append(peer)
     views = _flat_numpy(own) if aggregate == "mean" and weights.get(rank, 0.0) > 0 else None
     result = MixResult(0, dropped, float("nan"))  # NaN, not 0.0, which would read as perfect agreement
+    if bound is not None:
+        bound.begin(own)
     while usable:
         total = weights[rank] + sum(weights[j] for j in usable)
         w_self, w_peers = weights[rank] / total, {j: weights[j] / total for j in usable}
@@ -197,10 +306,12 @@ def mix(
         if not found.bad:
             if bound is not None:
                 bound.accept([found.sq[j] ** 0.5 for j in usable])
-            result = MixResult(len(usable), dropped, found.consensus_sq**0.5 / (1.0 - w_self))
+            result = MixResult(len(usable), dropped, found.consensus_sq**0.5 / (1.0 - w_self), pull=found.pull)
             break
         dropped.extend(found.bad)
         usable = {j: m for j, m in usable.items() if j not in found.bad}
+    if bound is not None:
+        bound.end(own)
     if dropped:
         log.warning(
             "rank %d: dropped letters from %s (non-finite, beyond the deviation bound, or wrong schema)", rank, dropped
@@ -222,25 +333,34 @@ def _fused_mean(
 
     Each block of ours and of the letters is read once from memory; the finite check, the
     distances and the update run on it while it sits in cache, and a block is written only
-    once every letter's distance so far is finite and within the bound. A letter refused at a
-    later block was already mixed into the blocks before, where it was close to ours: those
-    are restored from the letters, x = (x' - sum_j w_j m_j) / w_self, exact up to rounding.
-    That costs a second sweep, but only when a letter is refused.
+    once every letter's distance so far is finite and within the bound. The bound's trailing sum
+    of pulls is added to in the same sweep. A letter refused at a later block was already mixed
+    into the blocks before, where it was close to ours: those are restored from the letters,
+    x = (x' - sum_j w_j m_j) / w_self, exact up to rounding; a pull beyond the drift cap is cut
+    back the same way. That costs a second sweep, but only when a letter is refused or a pull cut.
     """
     found = _Pass({j: 0.0 for j in letters})
     limit_sq = math.inf
+    trail, scale = None, 1.0
     if bound is not None:
         norm = math.sqrt(sum(float(np.dot(x, x)) for _, x in views)) if bound.wants_norm() else None
         limit_sq = bound.limit(norm) ** 2
+        scale = bound.decayed_scale()
+        trail = {name: flat_view(m) for name, m in bound.trail.items()}
     done: list[tuple[str, int, int]] = []
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is how a letter of 1e30 shows itself
-        _sweep(views, letters, w_peers, check_finite, limit_sq, found, done)
+        _sweep(views, letters, w_peers, check_finite, limit_sq, found, done, trail, scale)
     if found.bad or found.own_bad:
-        _restore(views, letters, done, w_self, w_peers)
+        _restore(views, letters, done, w_self, w_peers, trail, scale)
+    elif bound is not None:
+        found.cross = scale * scale * found.cross - found.consensus_sq  # <M', delta> - |delta|^2
+        found.pull = bound.pull(found.cross, found.consensus_sq, scale)
+        if found.pull < 1:
+            _restore(views, letters, done, w_self, w_peers, trail, scale, keep=found.pull)
     return found
 
 
-def _sweep(views, letters, w_peers, check_finite, limit_sq: float, found: _Pass, done: list) -> None:
+def _sweep(views, letters, w_peers, check_finite, limit_sq: float, found: _Pass, done: list, trail, scale) -> None:
     for name, x in views:
         step = np.empty(min(CHUNK, x.size), np.promote_types(x.dtype, np.float32))
         total = np.empty_like(step) if len(letters) > 1 else None
@@ -262,26 +382,38 @@ def _sweep(views, letters, w_peers, check_finite, limit_sq: float, found: _Pass,
                 if total is None:  # one letter: the consensus distance is its distance
                     found.consensus_sq += w * w * q
                     np.multiply(d, w, out=d)
-                    np.add(xc, d, out=xc, casting="unsafe")
                 elif i == 0:
                     np.multiply(d, w, out=total[: b - a])
                 else:
                     np.multiply(d, w, out=d)
                     np.add(total[: b - a], d, out=total[: b - a])
+            delta = d if total is None else total[: b - a]
             if total is not None:
-                mean_step = total[: b - a]
-                found.consensus_sq += float(np.dot(mean_step, mean_step))
-                np.add(xc, mean_step, out=xc, casting="unsafe")
+                found.consensus_sq += float(np.dot(delta, delta))
+            np.add(xc, delta, out=xc, casting="unsafe")
+            if trail is not None:  # M' = M + delta, kept as trail' = trail + delta / scale'
+                mc = trail[name][a:b]
+                np.multiply(delta, 1 / scale, out=delta)
+                np.add(mc, delta, out=mc)
+                found.cross += float(np.dot(mc, delta))  # <M', delta> / scale'^2, on blocks still in cache
             done.append((name, a, b))
 
 
-def _restore(views, letters, done, w_self: float, w_peers: dict[int, float]) -> None:
+def _restore(views, letters, done, w_self: float, w_peers: dict[int, float], trail, scale, keep: float = 0.0) -> None:
+    """Undo the sweep on the blocks it wrote, trailing sum included; or, with ``keep`` > 0, keep
+    that share of the pull: x = x_old + keep * delta."""
     xs = dict(views)
     for name, a, b in done:
         xc = xs[name][a:b]
+        delta = xc.copy()
         for j, w in w_peers.items():
             xc -= w * letters[j][name].reshape(-1)[a:b]
         xc /= w_self
+        np.subtract(delta, xc, out=delta)
+        if keep:
+            xc += keep * delta
+        if trail is not None:
+            trail[name][a:b] -= (1 - keep) / scale * delta
 
 
 def _careful(
@@ -315,6 +447,7 @@ def _careful(
     found.bad = [j for j, sq in found.sq.items() if check_finite and not math.isfinite(sq)] or _beyond(found, bound)
     if found.bad:
         return found
+    deltas = {}
     for name, x in own.items():
         ms = moved[name]
         if aggregate == "mean":
@@ -323,7 +456,15 @@ def _careful(
                 value = value + w * ms[j]
         else:
             value = _robust(aggregate, [x, *ms.values()])
-        assign(x, value)
+        deltas[name] = value - x
+    if bound is not None:
+        scale = bound.decayed_scale()
+        cross = sum(scale * inner(bound.trail[name], d) for name, d in deltas.items())
+        found.pull = bound.pull(cross, sum(squared_norm(d) for d in deltas.values()), scale)
+        for name, d in deltas.items():
+            bound.trail[name] += (found.pull / scale) * d
+    for name, x in own.items():
+        assign(x, x + found.pull * deltas[name])
     return found
 
 
@@ -489,6 +630,7 @@ class Gossip:
             "gossip/peers": float(result.peers),
             "gossip/dropped": float(self.dropped),
             "gossip/refused": float(self.refused),
+            "gossip/clipped": float(self.bound.clipped if self.bound else 0),
             "gossip/consensus_distance": result.consensus_distance,
             "gossip/failures": float(self.failures),
             "gossip/skipped": float(self.skipped),

@@ -162,6 +162,19 @@ def squared_norm(x: Any) -> float:
     return float(x.float().pow(2).sum()) if is_torch(x) else float(np.square(x, dtype=np.float64).sum())
 
 
+def inner(a: Any, b: Any) -> float:
+    """<a, b> as a float, for two arrays or two tensors on one device."""
+    return float((a.float() * b.float()).sum()) if is_torch(a) else float(np.vdot(a, b))
+
+
+def accumulator(x: Any) -> Any:
+    """Zeros of x's shape, on its device and in at least float32: a running sum of x's kind."""
+    if is_torch(x):
+        torch = sys.modules["torch"]
+        return x.new_zeros(x.shape, dtype=torch.promote_types(x.dtype, torch.float32))
+    return np.zeros(np.shape(x), np.promote_types(np.asarray(x).dtype, np.float32))
+
+
 def sorted_stack(values: list) -> Any:
     """The values stacked along a new first axis and sorted along it: a robust aggregate's order statistics."""
     if is_torch(values[0]):

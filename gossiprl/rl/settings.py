@@ -153,8 +153,8 @@ class AgentConfig:
     'trimmed-mean' / 'median' over our parameters and the letters (gossiprl.comms.gossip.mix)."""
     deviation_bound: float | None = field(default=10.0, metadata={"parse": deviation_factor, "metavar": "FACTOR"})
     """Drop a letter farther from our parameters than this many times the recent distances
-    (gossiprl.comms.gossip.DeviationBound, counted in gossip/dropped); None, or 0 on the command
-    line, turns the bound off."""
+    (counted in gossip/dropped), and cap how far letters may drag us over the rounds (gossip/clipped;
+    gossiprl.comms.gossip.DeviationBound); None, or 0 on the command line, turns both off."""
     log_every: int = field(default=100, metadata={"min": 1, "may_change_on_resume": True})
     """Updates between rows of metrics.csv / TensorBoard points."""
     checkpoint_every: int = field(default=1000, metadata={"min": 1, "may_change_on_resume": True})
