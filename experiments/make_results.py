@@ -57,7 +57,9 @@ NOTES = {
     "swarm_vs_one": "Cells ran under loop version 4: agent r of seed s draws from (seed, rank), so seeds share "
     "no agent's episodes (the first run, with seed + rank streams, is in docs/swarm-learning.md). In the "
     "ring's seed 1 each agent skipped 3-11 of its 12,500 gossip rounds while a benchmark starved the job for "
-    "a few seconds (`gossip/skipped` in its metrics).",
+    "a few seconds (`gossip/skipped` in its metrics). They ran before robust mixing capped the cumulative "
+    "drift of what mixing does to an agent; the cap changes a mix only when it cuts (`gossip/clipped`), which "
+    "no honest run measured so far has done.",
     "ordering_ablation": "Async agents gossip without turn locks; max-staleness k makes an agent wait once it "
     "has gone k rounds without a letter from an in-peer.",
 }
