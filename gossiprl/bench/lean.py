@@ -9,6 +9,7 @@ loop on this env, and the agent's rate over it says what our bookkeeping costs.
 
 from __future__ import annotations
 
+import queue
 import time
 
 import numpy as np
@@ -97,6 +98,9 @@ def side_by_side_fps(env_id: str, seconds: float, n: int, num_envs: int = 16, n_
         p.start()
     try:
         return sum(out.get(timeout=seconds + 120) for _ in procs)
+    except queue.Empty:
+        codes = [p.exitcode for p in procs]
+        raise RuntimeError(f"{n} minimal loops side by side: not every one reported (exit codes {codes})") from None
     finally:
         for p in procs:
             p.join(timeout=10)
