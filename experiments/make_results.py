@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from experiments import swarm_vs_one
 from experiments.common import aggregate, cell_key, ci95, load_rows, read_curves
 from experiments.figures import reference_figure
 from experiments.study import METRICS, RESULTS, finish, planned_cells
@@ -260,7 +261,7 @@ def time_split_lines(rows: list[dict], settings: list[str]) -> list[str]:
     return [f"- One agent's update, mean over seeds: {'; '.join(parts)}."]
 
 
-EQUAL_TOTAL = {"swarm_vs_one": "1 agent, the ring's total frames"}
+EQUAL_TOTAL = {"swarm_vs_one": swarm_vs_one.EQUAL_TOTAL}
 """A study's arm trained as many frames as the whole swarm (not as each agent): it is compared with
 the swarm at equal total frames, never counted among the equal-frames-per-agent settings."""
 
