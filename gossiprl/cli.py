@@ -102,6 +102,14 @@ def main(verbose: int) -> None:
     "network) can then join the swarm. Only on a host and network you trust.",
 )
 @click.option(
+    "--max-payload-mib",
+    type=click.IntRange(min=1, max=2048),  # the protocol's own limit, 2 GiB
+    default=64,
+    show_default=True,
+    help="The largest letter the broker takes, in MiB (64 MiB: a 16M-parameter float32 model). A frame "
+    "larger than this, or than a 1 MiB header, drops its connection before ZeroMQ buffers it.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(min=0, max=65535),
     help="Serve the stats over HTTP on this port: /metrics (Prometheus) and /stats (for `gossiprl top`).",
@@ -130,6 +138,7 @@ def broker(
     curve_allow,
     insecure,
     data_plane,
+    max_payload_mib,
     metrics_port,
     metrics_bind,
 ):
@@ -169,6 +178,7 @@ def broker(
             curve=curve,
             insecure=insecure,
             data_plane=data_plane,
+            max_payload_bytes=max_payload_mib << 20,
         )
     except (ValueError, OSError) as err:  # a non-loopback bind without keys; a missing or malformed key
         raise click.ClickException(str(err)) from None
