@@ -413,22 +413,31 @@ def bench_comms(agents, params, rounds, transport, json_path, planes_only):
     help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).",
 )
 @click.option("--reps", type=click.IntRange(min=1), default=50, show_default=True)
-def bench_mix(params, reps):
+@click.option(
+    "--cpu-time",
+    is_flag=True,
+    help="Time with this thread's CPU clock, which preemption on a loaded host does not inflate "
+    "(BLAS threads are not counted: set OPENBLAS_NUM_THREADS=1).",
+)
+def bench_mix(params, reps, cpu_time):
     """Mixing one letter in against a plain axpy over the same bytes, timed alternately in one run."""
     from .bench import comms as bc
 
+    clock = time.thread_time if cpu_time else time.perf_counter
     rows = []
     for cache in ("hot", "cold"):
-        rows.append((f"numpy array, {cache}", bc.measure_mix(params, reps, cold=cache == "cold")))
+        cold = cache == "cold"
+        rows.append((f"numpy array, {cache}", bc.measure_mix(params, reps, cold=cold, clock=clock)))
         try:
             rows.append(
-                (f"torch CPU tensor, {cache}", bc.measure_mix(params, reps, torch_tensor=True, cold=cache == "cold"))
+                (f"torch CPU tensor, {cache}", bc.measure_mix(params, reps, torch_tensor=True, cold=cold, clock=clock))
             )
         except ImportError:
             pass
     click.echo(
-        f"{params:,} float32 = {params * 4 / 1e6:.2f} MB, median of {reps}; hot: one pair of arrays that "
-        f"stays in cache, cold: pairs over {bc.COLD_BYTES >> 20} MiB, as a letter that has just arrived"
+        f"{params:,} float32 = {params * 4 / 1e6:.2f} MB, median of {reps} ({'CPU' if cpu_time else 'wall'} time); "
+        f"hot: one pair of arrays that stays in cache, cold: pairs over {bc.COLD_BYTES >> 20} MiB, as a letter "
+        "that has just arrived"
     )
     for label, r in rows:
         click.echo(
