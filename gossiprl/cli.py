@@ -618,7 +618,7 @@ def default_run_dir(env_id: str, topology: str | None, seed: int, algo: str = "a
 )
 @click.pass_context
 def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb_entity, metrics_port, **_):
-    """Train a swarm of gossiping A2C or PPO (--algo) agents on this host (broker + one process per agent).
+    """Train a swarm of gossiping A2C, PPO or IMPALA (--algo) agents on this host (broker + one process per agent).
 
     --resume continues the run in --run-dir with the settings in its config.json; flags may
     change only how long and how it runs (budget, time limit, stop rule, transport, data plane,

@@ -157,3 +157,12 @@ def test_an_actor_that_fails_ends_the_learner_with_its_error(monkeypatch):
                 source.next(version)
     finally:
         source.close()
+
+
+def test_defaults_are_the_papers_on_games_and_smaller_batches_on_control_tasks():
+    games = impala.resolve_defaults(ImpalaConfig(), "MinAtar/Breakout-v1")
+    control = impala.resolve_defaults(ImpalaConfig(), "CartPole-v1")
+    assert (games.batch_size, games.queue_size, games.entropy_coef, games.n_steps) == (8, 16, 0.01, 20)
+    assert (control.batch_size, control.queue_size, control.entropy_coef) == (2, 4, 0.0)
+    given = impala.resolve_defaults(ImpalaConfig(batch_size=3, queue_size=1, entropy_coef=0.1), "CartPole-v1")
+    assert (given.batch_size, given.queue_size, given.entropy_coef) == (3, 1, 0.1)
