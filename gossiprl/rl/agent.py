@@ -96,7 +96,8 @@ def train(
     launcher can judge the whole swarm (the solve threshold over all agents' last 100
     episodes), and its last gossip's consensus distance (None before its first gossip).
     The summary's ``frames`` and ``run_wall_seconds`` count every session of the run (from the
-    checkpoint's counters), ``wall_seconds`` and ``fps`` only this one.
+    checkpoint's counters), ``wall_seconds`` and ``fps`` only this one; the rollout source's stats
+    (IMPALA's 'impala/policy_lag_mean' ...) are averaged over this session's updates.
     """
     agent_dir = Path(run_dir) / f"agent-{rank}"
     agent_dir.mkdir(parents=True, exist_ok=True)
@@ -178,6 +179,7 @@ def train(
     last_report = start
     gossip_stats: dict[str, float] = {}
     source_stats: dict[str, float] = {}
+    source_totals: dict[str, float] = {}  # each source stat summed over this session's updates, for the summary
 
     # One flag, computed once per update, both ends the loop and triggers the final log row and
     # checkpoint: a stop that arrived between two separate checks used to end the loop unsaved.
@@ -185,6 +187,8 @@ def train(
     while not finished:
         t0 = time.perf_counter()
         source_stats = source.next(updates)
+        for key, value in source_stats.items():
+            source_totals[key] = source_totals.get(key, 0.0) + value
         t1 = time.perf_counter()
 
         losses = learner.update(model, optimizer, rollout, hp, progress=frames / cfg.total_frames)
@@ -283,6 +287,7 @@ def train(
         **{f"{k}_share": v / max(wall, 1e-9) for k, v in timing.items()},
         **{f"{k}_s": v for k, v in timing.items()},
         **steady_figures(steady, last_update_end, frames, timing),
+        **{key: total / max(updates - counters["updates"], 1) for key, total in source_totals.items()},
     }
 
 
