@@ -132,7 +132,7 @@ def test_a_full_queue_blocks_the_actors_and_one_actors_lag_stays_within_the_queu
     _, _, _ = start(source)
     try:
         deadline = time.monotonic() + 10
-        while source.trajectories.qsize() < 4 and time.monotonic() < deadline:
+        while (source.trajectories.qsize() < 4 or source.actors[0].unrolls < 4) and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.2)  # time to run past a queue that did not block it
         assert source.trajectories.qsize() == 4 and source.actors[0].unrolls == 4
