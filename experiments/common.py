@@ -41,6 +41,7 @@ from gossiprl import launch
 from gossiprl.rl.a2c import A2CConfig
 from gossiprl.rl.agent import AgentConfig
 from gossiprl.rl.consensus import evaluate_consensus
+from gossiprl.rl.envs import is_minatar
 
 QUICK_ENV = "CartPole-v1"
 REAL_ENV = "MinAtar/Breakout-v1"
@@ -56,6 +57,29 @@ swarm seeds no longer share agents' episodes, and overlapped gossip scales the l
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 """Two-sided 95 % Student-t quantiles by degrees of freedom (1.96 beyond)."""
+
+
+RETURN_BOUNDS = {"CartPole-v1": (0.0, 500.0)}
+"""Episode returns an env's rules allow, where both ends are known (CartPole-v1: +1 a step, 500 steps)."""
+
+
+def score_bounds(env_id: str, rows: list[dict]) -> tuple[tuple[float, float], str]:
+    """The range a score can take, to clip intervals to, and where each end comes from: the env's
+    rules where known (no MinAtar reward is negative, so 0 below), else the lowest / highest score
+    (any agent's last-100 mean or evaluation, any consensus evaluation) a run of ``rows`` reached."""
+    observed = [
+        v
+        for r in rows
+        for v in [*r["per_agent_last100"], *r.get("per_agent_eval", []), r.get("consensus_eval")]
+        if v is not None and not math.isnan(v)
+    ]
+    low, high = RETURN_BOUNDS.get(env_id, (0.0 if is_minatar(env_id) else None, None))
+    if low is not None and high is not None:
+        return (low, high), f"[{low:g}, {high:g}], {env_id}'s return range"
+    said = "0 (no MinAtar reward is negative)" if low is not None else "the lowest score a run reached"
+    low = min(observed) if low is None else low
+    high = max(observed)
+    return (low, high), f"[{low:.2f}, {high:.2f}]: below, {said}; above, the highest score a run reached"
 
 
 @dataclass

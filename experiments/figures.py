@@ -1,5 +1,6 @@
-"""One figure per study: score vs frames and vs wall-clock, mean over seeds with a shaded 95 % interval,
-and (where asked) the per-iteration time split as stacked bars. Rendered on an Agg canvas (headless)."""
+"""One figure per study: score vs frames and vs wall-clock, mean over seeds with a shaded 95 % interval
+(cut to the range the score can take), the untrained policy's score as the floor the curves start
+from, and (where asked) the per-iteration time split as stacked bars. Rendered on an Agg canvas (headless)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,12 @@ def study_figure(
     time_split: bool = False,
     threshold: float | None = None,
     frames_per_agent: bool = False,
+    bounds: tuple[float, float] = (-np.inf, np.inf),
+    untrained: float | None = None,
 ) -> None:
     """``frames_per_agent``: the frames axis counts each agent's frames (studies that give every
-    agent the same budget), not the whole swarm's."""
+    agent the same budget), not the whole swarm's. ``bounds``: the score's range, which the bands
+    are cut to; ``untrained``: the untrained policy's score, drawn as a line (None: not measured)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -67,10 +71,8 @@ def study_figure(
                     for r in mine
                 ]
             )
-            mean, half = _band(curves)
             xs = grid / 1e6 if x == "frames" else grid
-            ax.plot(xs, mean, color=color, label=f"{setting} (n={len(mine)} seeds)")
-            ax.fill_between(xs, mean - half, mean + half, color=color, alpha=0.2, linewidth=0)
+            _draw_band(ax, xs, curves, bounds, color, f"{setting} (n={len(mine)} seeds)")
     for ax, x in zip(axes, ("frames", "wall_s")):
         ax.set_xlabel(
             ("frames per agent (M)" if frames_per_agent else "frames, whole swarm (M)")
@@ -84,13 +86,27 @@ def study_figure(
         ax.ticklabel_format(axis="x", style="plain", useOffset=False)
         if threshold is not None:
             ax.axhline(threshold, color="gray", linestyle=":", linewidth=1, label=f"threshold {threshold:g}")
+        _draw_untrained(ax, untrained)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="best")
     if time_split:
         _time_split_bars(axes[2], rows, present)
-    fig.suptitle(f"{title} — {env_id}; shaded: 95 % t-interval over seeds")
+    fig.suptitle(f"{title} — {env_id}; shaded: 95 % t-interval over seeds, cut to the score's range")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _draw_band(ax, xs: np.ndarray, curves: np.ndarray, bounds: tuple[float, float], color: str, label: str) -> None:
+    """The mean over seeds (rows of ``curves``) and its 95 % t band, cut to ``bounds``."""
+    mean, half = _band(curves)
+    ax.plot(xs, mean, color=color, label=label)
+    low, high = np.clip(mean - half, *bounds), np.clip(mean + half, *bounds)
+    ax.fill_between(xs, low, high, color=color, alpha=0.2, linewidth=0)
+
+
+def _draw_untrained(ax, untrained: float | None) -> None:
+    if untrained is not None:
+        ax.axhline(untrained, color="black", linestyle="--", linewidth=1, label=f"untrained policy {untrained:.2f}")
 
 
 def _time_split_bars(ax, rows: list[dict], settings: list[str]) -> None:
@@ -120,11 +136,17 @@ def updates_per_agent(row: dict) -> float:
 
 
 def reference_figure(
-    curves: dict[str, list[list[dict]]], published: list[tuple[str, int, float, float]], path: Path, env_id: str
+    curves: dict[str, list[list[dict]]],
+    published: list[tuple[str, int, float, float]],
+    path: Path,
+    env_id: str,
+    bounds: tuple[float, float] = (-np.inf, np.inf),
+    untrained: float | None = None,
 ) -> None:
     """Score vs frames per agent beside a library's runs: per setting the mean over seeds of its
     agents' last-100 curves (each seed's curve rows as ``swarm_curve`` reads them) with a 95 % t
-    band, and the published figures (name, frames, low, high) as bars where they were read off."""
+    band cut to ``bounds``, the published figures (name, frames, low, high) as bars where they were
+    read off, and the untrained policy's score as a line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -134,9 +156,9 @@ def reference_figure(
     max_frames = max((r["frames"] for runs in curves.values() for run in runs for r in run), default=1)
     grid = np.linspace(0, max_frames, GRID_POINTS)
     for k, (setting, runs) in enumerate(curves.items()):
-        mean, half = _band(np.vstack([swarm_curve(run, "frames", grid, 1) for run in runs]))
-        ax.plot(grid / 1e6, mean, color=f"C{k % 10}", label=f"{setting} (n={len(runs)} seeds)")
-        ax.fill_between(grid / 1e6, mean - half, mean + half, color=f"C{k % 10}", alpha=0.2, linewidth=0)
+        band = np.vstack([swarm_curve(run, "frames", grid, 1) for run in runs])
+        _draw_band(ax, grid / 1e6, band, bounds, f"C{k % 10}", f"{setting} (n={len(runs)} seeds)")
+    _draw_untrained(ax, untrained)
     names = list(dict.fromkeys(name for name, *_ in published))
     labelled = set()
     for name, frames, low, high in published:
@@ -155,6 +177,8 @@ def reference_figure(
     ax.set_ylabel("episode return (last-100 mean)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    ax.set_title(f"Library reference — {env_id}; shaded: 95 % t-interval over seeds", fontsize=9)
+    ax.set_title(
+        f"Library reference — {env_id}; shaded: 95 % t-interval over seeds, cut to the score's range", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -3,7 +3,8 @@ under experiments/results/, so it is regenerated, never edited by hand.
 
 For each study it rebuilds results.csv, summary.csv and figure.png from whatever cells exist
 (a study cut short is reported with the cells it is missing), then writes the question, the
-setup, the table, the figure and what the data says, judged by whether 95 % intervals overlap.
+setup, the untrained policy's score, the table, the figure and what the data says, judged by
+whether 95 % intervals overlap, with the IQM and probability of improvement of experiments/stats.py.
 
     python -m experiments.make_results [--results experiments/results] [--output experiments/RESULTS.md]
 """
@@ -20,10 +21,11 @@ from pathlib import Path
 import click
 import numpy as np
 
-from experiments import swarm_vs_one
-from experiments.common import aggregate, cell_key, ci95, load_rows, read_curves
+from experiments import stats, swarm_learning, swarm_vs_one
+from experiments.common import aggregate, cell_key, ci95, load_rows, read_curves, score_bounds
 from experiments.figures import reference_figure
 from experiments.study import METRICS, RESULTS, finish, planned_cells
+from experiments.untrained import untrained_score, untrained_text
 
 STUDIES = [
     "swarm_learning",
@@ -112,10 +114,25 @@ PAPER = {
 }
 
 
-def fmt(mean, half) -> str:
+SCORES = ("agents_mean", "agents_min", "agents_eval_mean", "consensus_eval", "score_at_equal_wall")
+"""The table's columns that are episode returns: their intervals are cut to the score's range."""
+
+
+def fmt(mean, half, bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
+    """mean ± half, or mean [low, high] where the interval is cut to ``bounds``."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "n/a"
-    return f"{mean:.2f}" if half is None or math.isnan(half) else f"{mean:.2f} ± {half:.2f}"
+    if half is None or math.isnan(half):
+        return f"{mean:.2f}"
+    low, high = max(mean - half, bounds[0]), min(mean + half, bounds[1])
+    if (low, high) != (mean - half, mean + half):
+        return f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+    return f"{mean:.2f} ± {half:.2f}"
+
+
+def cell(entry: dict, metric: str, bounds: tuple[float, float]) -> str:
+    """One table cell: a score's interval cut to the score's range, a wall-clock's to >= 0."""
+    return fmt(entry[metric], entry[f"{metric}_ci"], bounds if metric in SCORES else (0.0, math.inf))
 
 
 def compare(table: dict[str, dict], a: str, b: str, metric: str) -> str:
@@ -165,7 +182,10 @@ def study_section(name: str, results: Path) -> list[str]:
     finish(module.STUDY, out, rows, settings, meta["env"], meta["threshold"])
     table = {e["setting"]: e for e in aggregate(rows, settings, METRICS)}
     t_equal = rows[0]["equal_wall_s"]
+    bounds, bounds_said = score_bounds(meta["env"], rows)
     lines += [
+        "",
+        f"**Untrained policy** on {meta['env']}: {untrained_text(meta['env'])}; the dashed line in the figure.",
         "",
         "| setting | seeds | agents' own last-100 mean | worst agent | agents' final policies (eval) | "
         f"consensus policy (eval) | score at {t_equal:.0f} s of training | wall-clock per cell (s) | "
@@ -176,16 +196,12 @@ def study_section(name: str, results: Path) -> list[str]:
         if setting not in table:
             continue
         e = table[setting]
-        lines.append(
-            f"| {setting} | {e['seeds']} | {fmt(e['agents_mean'], e['agents_mean_ci'])} | "
-            f"{fmt(e['agents_min'], e['agents_min_ci'])} | {fmt(e['agents_eval_mean'], e['agents_eval_mean_ci'])} | "
-            f"{fmt(e['consensus_eval'], e['consensus_eval_ci'])} | "
-            f"{fmt(e['score_at_equal_wall'], e['score_at_equal_wall_ci'])} | {fmt(e['wall_s'], e['wall_s_ci'])} | "
-            f"{e['fps']:.0f} | {100 * e['gossip_share']:.0f} % |"
-        )
+        columns = " | ".join(cell(e, m, bounds) for m in METRICS if m not in ("fps", "gossip_share"))
+        lines.append(f"| {setting} | {e['seeds']} | {columns} | {e['fps']:.0f} | {100 * e['gossip_share']:.0f} % |")
     lines += [
         "",
-        "Mean ± 95 % t-interval over seeds. Raw per-seed rows: "
+        f"Mean ± 95 % t-interval over seeds; an interval that would leave the score's range, {bounds_said}, is "
+        "cut to it and shown as [low, high]. Raw per-seed rows: "
         f"[results/{name}/results.csv](results/{name}/results.csv); per setting: "
         f"[summary.csv](results/{name}/summary.csv).",
         "",
@@ -195,50 +211,95 @@ def study_section(name: str, results: Path) -> list[str]:
     if name in NOTES:
         lines += [f"**Note.** {NOTES[name]}", ""]
     lines += ["**What the data says.**", ""] + findings(name, table, t_equal) + time_split_lines(rows, settings)
-    if meta.get("frames_per_agent"):
-        lines += iqm_lines(rows, settings)
+    lines += iqm_lines(rows, settings, bounds) + improvement_lines(name, rows, settings)
     return lines + [""]
 
 
-def iqm(values: np.ndarray) -> float:
-    """Interquartile mean: the mean of the middle half, robust to one lucky or unlucky run."""
-    ordered = np.sort(values)
-    cut = len(ordered) // 4
-    return float(ordered[cut : len(ordered) - cut].mean())
+def by_seed(rows: list[dict], setting: str) -> np.ndarray:
+    """A setting's scores as one task for experiments.stats: (seeds, agents), each agent's own last-100."""
+    return np.array([r["per_agent_last100"] for r in rows if r["setting"] == setting], dtype=float)
 
 
-def iqm_lines(rows: list[dict], settings: list[str], resamples: int = 5000) -> list[str]:
-    """IQM of every agent's own last-100 score per setting, with a 95 % bootstrap interval over
-    seeds (whole seeds are resampled, so the agents of one swarm, which are not independent of
-    each other, stay together)."""
-    rng = np.random.default_rng(0)
+def interval_text(estimate: stats.Estimate) -> str:
+    return f"{estimate.point:.2f}" + ("" if estimate.low is None else f" [{estimate.low:.2f}, {estimate.high:.2f}]")
+
+
+def iqm_lines(rows: list[dict], settings: list[str], bounds: tuple[float, float]) -> list[str]:
+    """IQM of every agent's own last-100 score per setting, with its stratified-bootstrap interval
+    (whole seeds resampled, so the agents of one swarm, which are not independent, stay together)."""
     parts = []
     for setting in settings:
-        by_seed = [np.asarray(r["per_agent_last100"], dtype=float) for r in rows if r["setting"] == setting]
-        if not by_seed:
+        scores = by_seed(rows, setting)
+        if not len(scores):
             continue
-        point, low, high = iqm_interval(by_seed, rng, resamples)
-        n = f"{len(by_seed)} seed(s), {sum(len(v) for v in by_seed)} agents"
-        if low is None:
-            parts.append(f"{setting} {point:.2f} ({n}; too few seeds for an interval)")
+        n = f"{len(scores)} seed(s), {scores.size} agents"
+        estimate = stats.iqm_interval([scores]).clipped(bounds)
+        if estimate.low is None:
+            parts.append(f"{setting} {estimate.point:.2f} ({n}; too few seeds for an interval)")
             continue
-        parts.append(f"{setting} {point:.2f} [{low:.2f}, {high:.2f}] ({n})")
-    return [f"- IQM of every agent's own last-100 score, 95 % bootstrap interval over seeds: {'; '.join(parts)}."]
-
-
-def iqm_interval(
-    by_seed: list[np.ndarray], rng: np.random.Generator, resamples: int = 5000
-) -> tuple[float, float | None, float | None]:
-    """IQM of all the seeds' scores and its 95 % bootstrap interval, whole seeds resampled
-    (None, None below 3 seeds: too few for an interval)."""
-    point = iqm(np.concatenate(by_seed))
-    if len(by_seed) < 3:
-        return point, None, None
-    draws = [
-        iqm(np.concatenate([by_seed[i] for i in rng.integers(0, len(by_seed), len(by_seed))])) for _ in range(resamples)
+        parts.append(f"{setting} {interval_text(estimate)} ({n})")
+    return [
+        f"- IQM of every agent's own last-100 score, 95 % stratified-bootstrap interval over seeds: {'; '.join(parts)}."
     ]
-    low, high = np.percentile(draws, [2.5, 97.5])
-    return point, float(low), float(high)
+
+
+def comparisons(name: str, settings: list[str]) -> list[tuple[str, str]]:
+    """(X, Y) pairs a study asks P(X > Y) of: the paper's reference arm against each other arm
+    (and the equal-total-frames arm), and in swarm_learning every ring against its one-agent control."""
+    claim, reference, others = PAPER[name]
+    pairs = [(reference, other) for other in [*others, EQUAL_TOTAL.get(name)] if other]
+    if name == "swarm_learning":
+        pairs += list(swarm_learning.CONTROL.items())
+    return [p for p in dict.fromkeys(pairs) if p[0] in settings and p[1] in settings]
+
+
+def improvement_lines(name: str, rows: list[dict], settings: list[str]) -> list[str]:
+    """Probability of improvement of each comparison: the chance that an agent of X, drawn at random,
+    ends with a higher last-100 score than one of Y (1/2 for a tie), with its bootstrap interval."""
+    parts = []
+    for x, y in comparisons(name, settings):
+        xs, ys = by_seed(rows, x), by_seed(rows, y)
+        if len(xs) and len(ys):
+            estimate = stats.improvement_interval([xs], [ys])
+            few = "" if estimate.low is not None else " (too few seeds for an interval)"
+            parts.append(f"P({x} > {y}) = {interval_text(estimate)}{few}")
+    if not parts:
+        return []
+    return [
+        "- Probability of improvement (an agent of the first arm beats one of the second; 0.5: neither), "
+        f"95 % stratified-bootstrap interval over seeds: {'; '.join(parts)}."
+    ]
+
+
+def across_games_lines(results: Path) -> list[str]:
+    """P(ring of 4 > each other arm) over every game the swarm_vs_one study ran on (a dir per game),
+    averaged over games with each game's seeds resampled on their own: the scale-free summary of
+    the study across games (an IQM across games would need their scores normalised first)."""
+    games = {}
+    for out in sorted(results.glob("swarm_vs_one*")):
+        if (out / "study.json").exists():
+            games[json.loads((out / "study.json").read_text())["env"]] = load_rows(out)
+    reference, others = PAPER["swarm_vs_one"][1], [*PAPER["swarm_vs_one"][2], swarm_vs_one.EQUAL_TOTAL]
+    parts = []
+    for other in others:
+        played = {
+            env: rows for env, rows in games.items() if len(by_seed(rows, reference)) and len(by_seed(rows, other))
+        }
+        if len(played) < 2:
+            continue
+        estimate = stats.improvement_interval(
+            [by_seed(rows, reference) for rows in played.values()], [by_seed(rows, other) for rows in played.values()]
+        )
+        parts.append(f"P({reference} > {other}) over {', '.join(played)} = {interval_text(estimate)}")
+    if not parts:
+        return []
+    return [
+        "## A ring of 4 against one agent, across games",
+        "",
+        "Probability of improvement averaged over games, 95 % bootstrap interval with each game's seeds resampled "
+        f"within that game: {'; '.join(parts)}.",
+        "",
+    ]
 
 
 def time_split_lines(rows: list[dict], settings: list[str]) -> list[str]:
@@ -397,22 +458,26 @@ def baselines_section(out: Path, results: Path) -> list[str]:
         "| setting | frames per agent | seeds | IQM of last-100 [95 % bootstrap] | mean ± 95 % t | frames/s |",
         "|---|---|---|---|---|---|",
     ]
-    rng = np.random.default_rng(0)
-    iqms, curves = {}, {}
+    bounds, bounds_said = score_bounds(env, [r for entry in entries for r in entry[1]])
+    iqms, curves, scores = {}, {}, {}
     for setting, mine, per_agent, folder, reader in entries:
         if not mine:
             continue
         curves[setting] = [reader(folder, cell_key(r["setting"], r["seed"])) for r in mine]
-        point, low, high = iqm_interval([np.asarray(r["per_agent_last100"], dtype=float) for r in mine], rng)
-        iqms[setting] = (point, low, high, per_agent)
-        interval = f"{point:.2f}" if low is None else f"{point:.2f} [{low:.2f}, {high:.2f}]"
+        scores[setting] = np.array([r["per_agent_last100"] for r in mine], dtype=float)
+        estimate = stats.iqm_interval([scores[setting]]).clipped(bounds)
+        iqms[setting] = (estimate.point, estimate.low, estimate.high, per_agent)
         mean, half = ci95([float(np.mean(r["per_agent_last100"])) for r in mine])
         fps = np.mean([r["fps"] for r in mine])
-        lines.append(f"| {setting} | {per_agent:,} | {len(mine)} | {interval} | {fmt(mean, half)} | {fps:.0f} |")
+        lines.append(
+            f"| {setting} | {per_agent:,} | {len(mine)} | {interval_text(estimate)} | {fmt(mean, half, bounds)} | "
+            f"{fps:.0f} |"
+        )
     lines += [
         "",
         "Score: each agent's own mean return over its last 100 training episodes; IQM over all agents of all "
-        "seeds, whole seeds resampled for the interval. frames/s: SB3's from its training clock alone (one "
+        "seeds, whole seeds resampled for the interval; intervals cut to the score's range, "
+        f"{bounds_said}. Untrained policy: {untrained_text(env)}. frames/s: SB3's from its training clock alone (one "
         "process, one torch thread); gossiprl's are all agents' frames over the cell's wall-clock, start-up "
         "included, measured in another window of machine load, so compare them loosely. Raw rows: "
         f"[results/{out.name}/results.csv](results/{out.name}/results.csv); every episode: "
@@ -425,9 +490,13 @@ def baselines_section(out: Path, results: Path) -> list[str]:
             "",
         ]
     if curves:
-        reference_figure(curves, PUBLISHED.get(env, []), out / "figure.png", env)
+        untrained = untrained_score(env)
+        reference_figure(
+            curves, PUBLISHED.get(env, []), out / "figure.png", env, bounds, untrained and untrained["mean"]
+        )
         lines += [f"![SB3 reference on {env}](results/{out.name}/figure.png)", ""]
-    one = next((v for k, v in iqms.items() if k.startswith("gossiprl, 1 agent")), None)
+    one_name = next((k for k in iqms if k.startswith("gossiprl, 1 agent")), None)
+    one = iqms.get(one_name)
     findings = []
     for setting in meta["settings"]:
         if setting not in iqms or one is None:
@@ -442,6 +511,9 @@ def baselines_section(out: Path, results: Path) -> list[str]:
             findings.append(f"gossiprl's one agent is {side} {setting} (the 95 % intervals do not overlap)")
         else:
             findings.append(f"gossiprl's one agent and {setting} are indistinguishable (the 95 % intervals overlap)")
+        if per_agent == one[3]:
+            estimate = stats.improvement_interval([scores[one_name]], [scores[setting]])
+            findings.append(f"P(gossiprl's one agent > {setting}) = {interval_text(estimate)}")
     if findings:
         lines += ["**What the data says.**", ""] + [f"- {f}." for f in findings] + [""]
     return lines
@@ -538,12 +610,20 @@ def main(results, output):
         "average of all agents' final parameters) are played for fresh episodes (how many: each study's setup) "
         "with sampled actions. "
         "Over seeds: mean ± 95 % Student-t interval; two settings are called different only where the "
-        "intervals do not overlap.",
+        "intervals do not overlap. Beside it, as rliable (Agarwal et al. 2021) reports (experiments/stats.py, "
+        "checked against rliable 1.2.0 in tests/unit/test_stats.py): the interquartile mean (IQM) of every "
+        "agent's own score, and the probability of improvement P(X > Y), the chance that an agent of X ends "
+        "above one of Y (ties 1/2), each with a 95 % percentile interval of a bootstrap that resamples whole "
+        "seeds (a seed's agents share its gossip and are not independent). Every interval is cut to the range "
+        "the score can take: the env's where its rules fix it, else the scores the study's runs reached (each "
+        "study says which). The untrained policy's score (`python -m experiments.untrained`) is stated with "
+        "each study and drawn as a dashed line in its figure.",
         "",
     ]
     lines += budget_lines(results)
     for name in STUDIES:
         lines += study_section(name, results)
+    lines += across_games_lines(results)
     lines += baselines_sections(results)
     lines += readme_seeds_section(results)
     output.write_text("\n".join(lines))

@@ -28,6 +28,7 @@ from experiments.common import (
     cell_key,
     read_curves,
     run_study,
+    score_bounds,
     swarm_curve,
     write_csv,
 )
@@ -149,6 +150,7 @@ def finish(
 ) -> None:
     """Tables and the figure from whatever cells exist (resumed or partial studies included)."""
     from experiments.figures import study_figure
+    from experiments.untrained import untrained_score
 
     add_equal_wall_score(out, rows)
     write_csv(out / "results.csv", rows)
@@ -164,6 +166,8 @@ def finish(
         time_split=study.time_split,
         threshold=threshold,
         frames_per_agent=study.frames_per_agent,
+        bounds=score_bounds(env_id, rows)[0],
+        untrained=(untrained_score(env_id) or {}).get("mean"),
     )
     for entry in table:
         click.echo(

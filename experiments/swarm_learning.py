@@ -49,6 +49,14 @@ SETTINGS = {
     "ring of 4, entropy 0.01, shared init, blocking, lr x2": (4, BLOCKING, {**NEW_A2C, "lr": 2 * LR}),
 }
 
+CONTROL = {
+    ring: next(one for one, (n, _, a) in SETTINGS.items() if n == 1 and a == a2c)
+    for ring, (agents, _, a2c) in SETTINGS.items()
+    if agents > 1
+}
+"""Each ring's control: the one agent trained with the same A2C settings (entropy, learning rate),
+so a ring that beats it does so by gossip, not by its hyperparameters."""
+
 
 def build(quick: bool, frames_per_agent: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:
     cells = []

@@ -117,6 +117,8 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
         r"IQM of every agent's own last-100 score.*: 1 agent [\d.]+ \(1 seed\(s\), 1 agents; too few", text
     )
     assert re.search(r"ring of 4 vs 1 agent, the ring's total frames, at equal total frames: untestable", text)
+    assert re.search(r"P\(ring of 4 > 1 agent\) = [\d.]+ \(too few seeds for an interval\)", text)
+    assert "**Untrained policy** on CartPole-v1: " in text and "not measured on CartPole-v1" not in text
     assert "Missing cells" not in text  # --quick plans exactly the cells it ran
     assert "untestable (one seed, no interval)" in text and "**agrees**" not in text
 

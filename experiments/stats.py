@@ -1,0 +1,149 @@
+"""The interval estimates RESULTS.md reports: rliable's (Agarwal et al. 2021, *Deep RL at the edge
+of the statistical precipice*), in numpy, because rliable itself pulls arch, seaborn and pandas.
+
+* IQM: the mean of the middle half of every score pooled over runs and tasks (the 25 % trimmed
+  mean, as ``scipy.stats.trim_mean(scores, 0.25, axis=None)``): a few lucky or broken runs move it
+  less than the mean, and it uses half the data where the median uses one point.
+* Probability of improvement P(X > Y): per task, the chance that a score of X beats one of Y
+  (ties count 1/2; the Mann-Whitney U over n m), averaged over tasks.
+* Intervals: percentile intervals of a stratified bootstrap, runs resampled within each task
+  (and each arm's runs on their own for P(X > Y)), as rliable's ``get_interval_estimates`` does.
+
+A task's scores are a (runs, members) array: a run is one seed, the only independent unit; its
+members are the agents of that seed's swarm, which share the seed's environment streams and
+gossip, so the bootstrap resamples whole runs and keeps their agents together. With one member
+per run every estimate here is rliable's own (tests/unit/test_stats.py checks that against it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_RUNS = 3
+"""Fewer runs than this in any task give no interval: the bootstrap of 2 runs has 3 outcomes."""
+
+CHUNK = 2_000
+"""Bootstrap draws computed at once (bounds the memory of P(X > Y)'s pairwise comparison)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    point: float
+    low: float | None
+    high: float | None
+    """None where some task has fewer than MIN_RUNS runs."""
+
+    def clipped(self, bounds: tuple[float, float]) -> Estimate:
+        """The interval cut to the range the score can take: a bootstrap percentile interval never
+        leaves the data's range, but this keeps every interval the report shows to one rule."""
+        if self.low is None:
+            return self
+        lo, hi = bounds
+        return Estimate(self.point, min(max(self.low, lo), hi), max(min(self.high, hi), lo))
+
+
+def as_tasks(tasks: Sequence) -> list[np.ndarray]:
+    """Each task's scores as a float (runs, members) array; a 1-D task is one member per run."""
+    out = []
+    for k, task in enumerate(tasks):
+        scores = np.asarray(task, dtype=float)
+        if scores.ndim == 1:
+            scores = scores[:, None]
+        if scores.ndim != 2 or scores.size == 0:
+            raise ValueError(f"task {k}: scores must be a non-empty (runs,) or (runs, members) array: {scores.shape}")
+        if np.isnan(scores).any():
+            raise ValueError(f"task {k}: scores hold nan; leave unfinished runs out instead")
+        out.append(scores)
+    if not out:
+        raise ValueError("no tasks: give at least one task's scores")
+    return out
+
+
+def iqm(scores) -> float:
+    """25 % trimmed mean of all values: int(n / 4) cut from each end, as scipy's trim_mean."""
+    return float(_iqm_rows(np.asarray(scores, dtype=float).reshape(1, -1))[0])
+
+
+def _iqm_rows(values: np.ndarray) -> np.ndarray:
+    n = values.shape[1]
+    cut = n // 4
+    return np.sort(values, axis=1)[:, cut : n - cut].mean(axis=1)
+
+
+def probability_of_improvement(x_tasks: Sequence, y_tasks: Sequence) -> float:
+    """P(X > Y) averaged over tasks; task k of x is compared with task k of y."""
+    xs, ys = _paired(x_tasks, y_tasks)
+    return float(_improvement_rows([x.reshape(1, -1) for x in xs], [y.reshape(1, -1) for y in ys])[0])
+
+
+def _improvement_rows(xs: list[np.ndarray], ys: list[np.ndarray]) -> np.ndarray:
+    per_task = []
+    for x, y in zip(xs, ys):
+        a, b = x[:, :, None], y[:, None, :]
+        per_task.append(np.mean((a > b) + 0.5 * (a == b), axis=(1, 2)))
+    return np.mean(per_task, axis=0)
+
+
+def _paired(x_tasks: Sequence, y_tasks: Sequence) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    xs, ys = as_tasks(x_tasks), as_tasks(y_tasks)
+    if len(xs) != len(ys):
+        raise ValueError(f"X has {len(xs)} tasks and Y {len(ys)}: P(X > Y) compares them task by task")
+    return xs, ys
+
+
+def iqm_interval(tasks: Sequence, reps: int = 50_000, size: float = 0.95, seed: int = 0) -> Estimate:
+    """IQM over all tasks' scores pooled, with its stratified-bootstrap percentile interval."""
+    groups = as_tasks(tasks)
+    return _estimate(
+        groups,
+        lambda drawn: _iqm_rows(np.concatenate(drawn, axis=1)),
+        iqm(np.concatenate([g.ravel() for g in groups])),
+        reps,
+        size,
+        seed,
+    )
+
+
+def improvement_interval(
+    x_tasks: Sequence, y_tasks: Sequence, reps: int = 50_000, size: float = 0.95, seed: int = 0
+) -> Estimate:
+    """P(X > Y) with its interval: X's and Y's runs resampled independently, each within its task."""
+    xs, ys = _paired(x_tasks, y_tasks)
+    n = len(xs)
+    return _estimate(
+        xs + ys,
+        lambda drawn: _improvement_rows(drawn[:n], drawn[n:]),
+        probability_of_improvement(xs, ys),
+        reps,
+        size,
+        seed,
+    )
+
+
+def _estimate(
+    groups: list[np.ndarray],
+    statistic: Callable[[list[np.ndarray]], np.ndarray],
+    point: float,
+    reps: int,
+    size: float,
+    seed: int,
+) -> Estimate:
+    """``statistic`` maps each group's resampled scores, a (draws, runs x members) array per group,
+    to one value per draw; the interval is the percentiles (1 -/+ size) / 2 of those values."""
+    if not 0 < size < 1:
+        raise ValueError(f"size must be in (0, 1), got {size}")
+    if reps < 1:
+        raise ValueError(f"reps must be at least 1, got {reps}")
+    if min(len(g) for g in groups) < MIN_RUNS:
+        return Estimate(point, None, None)
+    rng = np.random.default_rng(seed)
+    values = []
+    for start in range(0, reps, CHUNK):
+        draws = min(CHUNK, reps - start)
+        drawn = [g[rng.integers(0, len(g), (draws, len(g)))].reshape(draws, -1) for g in groups]
+        values.append(statistic(drawn))
+    low, high = np.percentile(np.concatenate(values), [50 * (1 - size), 50 * (1 + size)])
+    return Estimate(point, float(low), float(high))

@@ -1,0 +1,117 @@
+"""experiments/stats.py against rliable, the library whose estimators it reimplements.
+
+REFERENCE was computed with rliable 1.2.0 (arch 7.2.0, numpy 2.4.6) in a venv of its own, from
+the X and Y below (runs x tasks): ``metrics.aggregate_iqm`` and ``metrics.probability_of_improvement``
+for the points, ``library.get_interval_estimates(..., reps=50000)`` (percentile method, its default)
+for the intervals, after ``np.random.seed(0)`` (rliable draws its indices from numpy's global
+generator). Point estimates must match exactly; our bootstrap draws other indices, so an endpoint
+may differ from rliable's by its Monte Carlo error: with seed 1 rliable's own lower end of Y's IQM
+moved one step of its bootstrap distribution (5.333 to 5.317), and a P(X > Y) step is 1/60, so
+TOLERANCE allows about one to three steps. Errors it catches, tried: a bootstrap that resamples
+(run, task) rows together instead of each task's runs on their own puts X's interval at
+[6.20, 8.92]; the 'basic' method instead of 'percentile' at [6.00, 8.05].
+"""
+
+import numpy as np
+import pytest
+
+from experiments import stats
+
+X = np.array([[3.1, 10.0], [4.0, 12.5], [2.2, 9.0], [5.5, 15.0], [4.0, 11.0]])
+Y = np.array([[2.0, 9.0], [4.0, 12.5], [3.3, 8.0], [1.5, 10.0], [2.8, 7.5], [4.0, 9.5]])
+X_TASKS, Y_TASKS = list(X.T), list(Y.T)  # ours: a list of tasks, each its runs' scores
+
+REFERENCE = {
+    "iqm_x": (7.25, (6.45, 8.5)),
+    "iqm_y": (5.966666666666666, (5.333333333333333, 6.666666666666667)),
+    "improvement": (0.7416666666666667, (0.5166666666666667, 0.925)),
+}
+"""name: (rliable's point estimate, its 95 % interval (low, high) with seed 0)."""
+TOLERANCE = {"iqm_x": 0.05, "iqm_y": 0.05, "improvement": 0.02}
+
+
+def ours() -> dict[str, stats.Estimate]:
+    return {
+        "iqm_x": stats.iqm_interval(X_TASKS),
+        "iqm_y": stats.iqm_interval(Y_TASKS),
+        "improvement": stats.improvement_interval(X_TASKS, Y_TASKS),
+    }
+
+
+def test_point_estimates_are_rliables():
+    assert stats.iqm(X) == pytest.approx(REFERENCE["iqm_x"][0], abs=1e-12)
+    assert stats.iqm(Y) == pytest.approx(REFERENCE["iqm_y"][0], abs=1e-12)
+    assert stats.probability_of_improvement(X_TASKS, Y_TASKS) == pytest.approx(REFERENCE["improvement"][0], abs=1e-12)
+
+
+@pytest.mark.parametrize("name", list(REFERENCE))
+def test_intervals_match_rliables_within_monte_carlo_error(name):
+    estimate = ours()[name]
+    point, (low, high) = REFERENCE[name]
+    assert estimate.point == pytest.approx(point, abs=1e-12)
+    assert estimate.low == pytest.approx(low, abs=TOLERANCE[name])
+    assert estimate.high == pytest.approx(high, abs=TOLERANCE[name])
+
+
+def test_improvement_counts_ties_as_half_and_averages_over_tasks():
+    assert stats.probability_of_improvement([[1.0, 2.0]], [[1.0, 2.0]]) == 0.5
+    assert stats.probability_of_improvement([[3.0, 4.0], [0.0]], [[1.0, 2.0], [5.0]]) == 0.5  # (1 + 0) / 2
+    assert stats.probability_of_improvement([[2.0]], [[1.0, 2.0, 3.0]]) == pytest.approx(0.5)  # (1 + 1/2 + 0) / 3
+
+
+def test_iqm_trims_a_quarter_from_each_end_as_scipy_does():
+    assert stats.iqm([1.0, 2.0, 3.0]) == 2.0  # int(3 / 4) = 0 cut: the plain mean
+    assert stats.iqm([0.0, 1.0, 2.0, 100.0]) == 1.5  # one cut from each end
+    assert stats.iqm(np.arange(10.0)) == pytest.approx(np.mean(np.arange(2.0, 8.0)))  # int(10 / 4) = 2
+
+
+def test_bootstrap_keeps_a_runs_agents_together():
+    # every run (seed) holds the same four agents' scores: resampling whole runs always draws the same
+    # pool, so the interval is a point; resampling agents one by one would spread it over [0, 9]
+    runs = np.tile([0.0, 3.0, 6.0, 9.0], (5, 1))
+    estimate = stats.iqm_interval([runs], reps=2_000)
+    assert estimate.low == estimate.high == estimate.point == 4.5
+    assert stats.improvement_interval([runs], [runs], reps=2_000).low == 0.5
+
+
+def test_too_few_runs_give_no_interval_and_clipping_keeps_it_in_range():
+    estimate = stats.iqm_interval([[1.0, 2.0]])
+    assert estimate.point == 1.5 and estimate.low is None and estimate.clipped((0.0, 1.0)).low is None
+    clipped = stats.Estimate(0.2, -0.3, 0.9).clipped((0.0, 0.5))
+    assert (clipped.low, clipped.high) == (0.0, 0.5)
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="X has 2 tasks and Y 1"):
+        stats.probability_of_improvement([[1.0], [2.0]], [[1.0]])
+    with pytest.raises(ValueError, match="nan"):
+        stats.iqm_interval([[1.0, np.nan, 2.0]])
+    with pytest.raises(ValueError, match="non-empty"):
+        stats.iqm_interval([[]])
+    with pytest.raises(ValueError, match="size must be in"):
+        stats.iqm_interval([[1.0, 2.0, 3.0]], size=95)
+
+
+def test_score_bounds_take_the_envs_rules_where_known_else_what_runs_reached():
+    from experiments.common import score_bounds
+
+    rows = [{"per_agent_last100": [1.5, 7.25], "per_agent_eval": [2.0, 3.0], "consensus_eval": 9.5}]
+    assert score_bounds("CartPole-v1", rows)[0] == (0.0, 500.0)
+    (low, high), said = score_bounds("MinAtar/Breakout-v1", rows)
+    assert (low, high) == (0.0, 9.5) and "no MinAtar reward is negative" in said
+    assert score_bounds("ALE/Pong-v5", rows)[0] == (1.5, 9.5)
+
+
+def test_untrained_score_pools_every_episode_of_every_seed(tmp_path):
+    from experiments.untrained import untrained_score
+
+    path = tmp_path / "untrained.csv"
+    path.write_text(
+        "env,seed,episodes,mean,std,returns\n"
+        'CartPole-v1,1,2,10.0,0.0,"[10.0, 10.0]"\n'
+        'CartPole-v1,2,2,25.0,5.0,"[20.0, 30.0]"\n'
+        'MinAtar/Breakout-v1,1,2,1.0,0.0,"[1.0, 1.0]"\n'
+    )
+    score = untrained_score("CartPole-v1", path)
+    assert score == {"mean": 17.5, "low": 10.0, "high": 25.0, "seeds": 2, "episodes": 2}
+    assert untrained_score("MinAtar/SpaceInvaders-v1", path) is None
