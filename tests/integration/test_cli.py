@@ -95,7 +95,7 @@ def test_resume_without_a_run_says_so(tmp_path):
     assert result.exit_code == 1 and "holds no run" in result.output
 
 
-@pytest.mark.timeout(180)  # the first test to ask for swarm_run pays for it
+@pytest.mark.timeout(240)  # the first test to ask for swarm_run pays for it
 def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(swarm_run):
     """What `gossiprl run --agents 2 --topology ring` leaves (the run is conftest's swarm_run), and eval of it."""
     run_dir = swarm_run
