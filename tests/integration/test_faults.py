@@ -256,7 +256,8 @@ def test_mix_weights_are_renormalised_over_the_letters_used():
 
 
 LAUNCHER_FRAMES_PER_AGENT = 20_000
-"""Over ten times what an agent has trained when the test kills one (its first log row, 1,600 frames)."""
+"""Per agent: the test kills one as soon as all have started, and --fail-fast stops the others within seconds,
+far short of this; without it they must train all of it."""
 
 
 @pytest.mark.timeout(150)
