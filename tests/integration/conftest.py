@@ -4,6 +4,7 @@ import pytest
 
 import topologies
 from brokers import close_broker, new_broker
+from helpers import invoke
 
 
 @pytest.fixture
@@ -12,3 +13,39 @@ def ring2():
     broker = new_broker(topologies.make("ring", 2))
     yield broker
     assert close_broker(broker), "broker.close() hung"
+
+
+@pytest.fixture(scope="session")
+def swarm_run(tmp_path_factory):
+    """One real two-agent CartPole ring run through `gossiprl run`, finished, mirrored to an offline W&B run when
+    wandb is installed. Shared by every test that only reads what such a run leaves (test_cli, test_swarmlog):
+    each swarm started costs a loaded two-core CI machine tens of seconds."""
+    run_dir = tmp_path_factory.mktemp("swarm") / "run"
+    try:
+        import wandb  # noqa: F401
+
+        track = ["--track", "--wandb-project", "gossiprl-test"]
+    except ImportError:
+        track = []
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WANDB_MODE", "offline")
+        env.setenv("WANDB_SILENT", "true")
+        result = invoke(
+            "run",
+            "--agents",
+            2,
+            "--topology",
+            "ring",
+            "--total-frames",
+            40000,
+            "--run-dir",
+            run_dir,
+            "--no-progress",
+            "--stop-at-return",
+            "none",
+            "--torch-threads",
+            1,
+            *track,
+        )
+    assert result.exit_code == 0, result.output
+    return run_dir

@@ -88,9 +88,12 @@ def test_dead_agent_is_bypassed_then_rejoins():
         clients[1].publish({"x": x[1]})
         clients[1]._sock.close(linger=0)
         clients[1]._sock = None
-        while not logs[2] or logs[2][-1][0] != {0}:
-            assert time.monotonic() - killed_at < 5, "survivor never rewired around the dead agent"
-            time.sleep(0.01)
+        wait_for(
+            lambda: logs[2] and logs[2][-1][0] == {0},
+            killed_at + 5 - time.monotonic(),
+            "survivor never rewired around the dead agent",
+            every=0.01,
+        )
         detected_s = time.monotonic() - killed_at
         assert logs[2][-1][1] == {0: 0.5, 2: 0.5}
         assert broker.stats()["agents"][1]["gone"]
@@ -100,13 +103,11 @@ def test_dead_agent_is_bypassed_then_rejoins():
             back.exchange({"x": x[1]})
             assert back.last_weights == {0: 0.5, 1: 0.5} and set(back.last_rounds) == {0}
         assert not broker.stats()["agents"][1]["gone"]
-        time.sleep(0.2)  # 2 is now parked on 1's next letter: the ring is whole again
+        # once 2 is parked on 1's next letter, its last exchange (the one that read 1's fifth) is logged
+        wait_for(lambda: broker.stats()["agents"][2]["parked"] == ["collect"], 5, "rank 2 stopped", every=0.01)
         assert logs[2][-1][0] == {1} and logs[2][-1][1] == {1: 0.5, 2: 0.5}
         back.close()  # leaving with BYE: bypassed at once, the survivors go on
-        left_at = time.monotonic()
-        while logs[2][-1][0] != {0}:
-            assert time.monotonic() - left_at < 5, "survivor never rewired around the agent that left"
-            time.sleep(0.01)
+        wait_for(lambda: logs[2][-1][0] == {0}, 5, "survivor never rewired around the agent that left", every=0.01)
         stop.set()
         for t in threads:
             t.join(10)
@@ -185,7 +186,7 @@ def test_training_goes_on_through_a_broker_restart_and_gossip_resumes():
     threads = [threading.Thread(target=agent, args=(r,)) for r in range(2)]
     for t in threads:
         t.start()
-    time.sleep(0.3)
+    wait_for(lambda: all(results[r] for r in range(2)), 10, "the pair never gossiped", every=0.01)
     phase["name"] = "down"
     broker.close()
     time.sleep(1.0)
@@ -254,6 +255,11 @@ def test_mix_weights_are_renormalised_over_the_letters_used():
 # ------------------------------------------------------------------ processes: kill -9 and restart
 
 
+LAUNCHER_FRAMES_PER_AGENT = 20_000
+"""Per agent: the test kills one as soon as all have started, and --fail-fast stops the others within seconds,
+far short of this; without it they must train all of it."""
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("fail_fast", [False, True])
 def test_launcher_carries_on_when_an_agent_is_killed(tmp_path, fail_fast):
@@ -267,7 +273,7 @@ def test_launcher_carries_on_when_an_agent_is_killed(tmp_path, fail_fast):
             "--agents",
             "3",
             "--total-frames",
-            "150000",
+            str(3 * LAUNCHER_FRAMES_PER_AGENT),
             "--run-dir",
             str(run_dir),
             "--no-progress",
@@ -300,11 +306,16 @@ def test_launcher_carries_on_when_an_agent_is_killed(tmp_path, fail_fast):
     assert list(summary["failed"]) == ["1"] and len(summary["per_agent"]) == 2
     if fail_fast:
         assert summary["stopped_by"] == "agent-1 failed (--fail-fast)" and "carrying on" not in output
-        assert all(agent["frames"] < 50000 for agent in summary["per_agent"].values())
+        assert all(agent["frames"] < LAUNCHER_FRAMES_PER_AGENT for agent in summary["per_agent"].values())
     else:
         assert "carrying on" in output
         for rank, agent in summary["per_agent"].items():
-            assert agent["frames"] >= 50000, f"survivor {rank} did not finish its budget"
+            assert agent["frames"] >= LAUNCHER_FRAMES_PER_AGENT, f"survivor {rank} did not finish its budget"
+
+
+RESTART_FRAMES = 30_000
+"""Per agent: agent 1 is killed after its first checkpoint (4,000 frames); the others must still be training
+when it is back."""
 
 
 @pytest.mark.timeout(170)
@@ -346,7 +357,7 @@ def test_killed_agent_restarts_with_resume_and_rejoins(tmp_path):
             "--rank",
             str(rank),
             "--total-frames",
-            "60000",
+            str(RESTART_FRAMES),
             "--run-dir",
             str(tmp_path / "run"),
             "--log-every",
@@ -371,7 +382,7 @@ def test_killed_agent_restarts_with_resume_and_rejoins(tmp_path):
         outputs[1] = restarted.communicate(timeout=120)[0]
         for r, out in outputs.items():
             assert (restarted if r == 1 else agents[r]).returncode == 0, out
-            assert json.loads(out.strip().splitlines()[-1])["frames"] >= 60000
+            assert json.loads(out.strip().splitlines()[-1])["frames"] >= RESTART_FRAMES
     finally:
         broker.send_signal(signal.SIGTERM)
         broker_out = broker.communicate(timeout=30)[0]

@@ -39,6 +39,7 @@ from brokers import (
 from gossiprl import Broker, GossipClient, mix
 from gossiprl.comms import wire
 from gossiprl.comms.broker import MAX_HELLO_BYTES
+from helpers import wait_for
 
 # Codes a broker answers with (PROTOCOL.md section 4), the keys of stats()["errors"]. What is no
 # one's error ("undeliverable", "expired", "letters-dropped-by-rewiring", ...) is in stats()["events"].
@@ -284,7 +285,7 @@ def test_request_after_the_broker_expired_the_agent_gets_not_registered():
     try:
         sock = dealer(broker)
         assert ask(sock, [head("HELLO", seq=1, rank=1)]).cmd == wire.WELCOME
-        time.sleep(0.6)
+        wait_for(lambda: broker.stats()["events"].get("expired"), 5, "the silent agent never expired", every=0.05)
         assert_error(ask(sock, [head("PING", seq=2)]), "not-registered", seq=2)
         assert broker.stats()["errors"] == {"not-registered": 1}
         assert broker.stats()["events"] == {"expired": 1}

@@ -31,7 +31,7 @@ from brokers import (
 )
 from gossiprl import Broker, BrokerUnavailable, GossipClient, GossipError
 from gossiprl.comms import keys, wire
-from helpers import free_port, in_thread, invoke
+from helpers import free_port, in_thread, invoke, wait_for
 
 RING2 = topologies.make("ring", 2)
 
@@ -55,8 +55,7 @@ def test_negative_round_is_refused_unstored_and_a_rewiring_after_it_does_not_kil
     assert_error(ask(sock, [head("COLLECT", seq=4, round=-1)]), "bad-message", seq=4, words=("round",))
     assert ring2.stats()["agents"][0]["publishes"] == 0 and ring2.stats()["agents"][0]["parked"] == []
     ring2.declare_gone(0)  # a rewiring: it used to meet the stored round -1
-    time.sleep(0.2)
-    assert ring2.wait(0), "the serving thread died"
+    assert ring2.wait(0.2), "the serving thread died"
     assert ring2.stats()["errors"] == {"bad-message": 5}
     sock.close(linger=0)
     assert_pair_gossips(ring2)
@@ -133,11 +132,7 @@ def test_a_refused_connection_is_counted_and_logged(ring2, caplog):
     greeting = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"CURVE".ljust(20, b"\0") + b"\0" * 32
     with socket.create_connection((host, int(port))) as s:
         s.sendall(greeting)  # ZMTP 3.0 asking for CURVE from a broker without keys
-        time.sleep(0.5)
-    deadline = time.monotonic() + 5
-    while not ring2.stats()["events"].get("connections-refused") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert ring2.stats()["events"].get("connections-refused", 0) >= 1
+        wait_for(lambda: ring2.stats()["events"].get("connections-refused", 0) >= 1, 5, "the refusal was not counted")
     assert any("handshake failed" in r.getMessage() for r in caplog.records)
 
 
@@ -197,15 +192,12 @@ def test_a_registered_peer_that_stops_reading_is_treated_as_gone(limit, why, cap
             except zmq.Again:
                 break
             r += 1
-        deadline = time.monotonic() + 5
-        while not broker.stats()["agents"][1]["gone"] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: broker.stats()["agents"][1]["gone"], 5, "the vandal was never treated as gone", every=0.05)
         stats = broker.stats()
         assert stats["agents"][1]["gone"] and stats["events"].get("stopped-reading") == 1, stats["events"]
         assert any("stopped reading" in r.getMessage() and why in r.getMessage() for r in caplog.records)
         done = len(rounds)
-        time.sleep(0.5)
-        assert len(rounds) > done, "rank 0 does not go on alone once the vandal is gone"
+        wait_for(lambda: len(rounds) > done, 0.5, "rank 0 does not go on alone once the vandal is gone", every=0.01)
     finally:
         stop.set()
         vandal.close(linger=0)
@@ -241,17 +233,22 @@ def test_gossip_resumes_within_two_heartbeats_of_a_fast_broker_restart():
         t.start()
     resumed_after = []
     try:
+        since = time.monotonic()
         for _ in range(3):
-            time.sleep(0.3)
+            # both agents in their stride: three exchanges each since the start or the last restart
+            wait_for(lambda since=since: all(sum(t > since for t in d) >= 3 for d in done), 10, "no gossip", every=0.01)
             broker.close()
             time.sleep(0.05)  # far inside the liveness window (2 s)
             broker = Broker(RING2, bind=address).start()
             restarted = time.monotonic()
-            deadline = restarted + 10
-            while not all(d and d[-1] > restarted for d in done) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert all(d and d[-1] > restarted for d in done), "gossip did not resume after the restart"
+            wait_for(
+                lambda restarted=restarted: all(d and d[-1] > restarted for d in done),
+                10,
+                "gossip did not resume after the restart",
+                every=0.01,
+            )
             resumed_after.append(max(min(t for t in d if t > restarted) for d in done) - restarted)
+            since = restarted
     finally:
         stop.set()
         broker.close()
@@ -271,7 +268,7 @@ def test_a_takeover_while_the_victim_is_parked_ends_the_victim_s_call(ring2):
     """C8: the victim of a takeover waited forever on its parked COLLECT."""
     victim = GossipClient(ring2.address, 0, heartbeat=0.1)
     t, box = in_thread(victim.collect)
-    time.sleep(0.3)
+    wait_for(lambda: ring2.stats()["agents"][0]["parked"] == ["collect"], 5, "the collect never parked", every=0.01)
     thief = GossipClient(ring2.address, 0, takeover=True)
     t.join(5)
     assert not t.is_alive(), "the victim still waits"

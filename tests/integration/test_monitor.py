@@ -15,15 +15,16 @@ import numpy as np
 import pytest
 
 from gossiprl import GossipClient
-from helpers import free_port, invoke
+from helpers import free_port, invoke, wait_for
 
 pytest.importorskip("prometheus_client", reason="the monitor extra (prometheus-client) is not installed")
 pytest.importorskip("rich", reason="the monitor extra (rich) is not installed")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def swarm():
-    """`gossiprl broker --metrics-port` in its own process, with two agents gossiping through it until the test ends."""
+    """`gossiprl broker --metrics-port` in its own process, with two agents gossiping through it until the
+    module's last test ends: the tests only read its stats, so one broker serves them all."""
     port, metrics = free_port(), free_port()
     broker = subprocess.Popen(
         [
@@ -88,10 +89,11 @@ def test_prometheus_endpoint_serves_each_agents_counters_on_loopback(swarm):
 
     address, banner = swarm
     assert f"http://{address}/metrics" in banner and f"gossiprl top http://{address}" in banner
-    deadline = time.monotonic() + 60  # a loaded machine may take a while to run the first rounds
-    while min(a["round"] for a in json.loads(get(f"http://{address}/stats")[2])["agents"].values()) <= 3:
-        assert time.monotonic() < deadline, "the agents did not gossip"
-        time.sleep(0.2)
+    wait_for(  # a loaded machine may take a while to run the first rounds
+        lambda: min(a["round"] for a in json.loads(get(f"http://{address}/stats")[2])["agents"].values()) > 3,
+        60,
+        "the agents did not gossip",
+    )
     status, kind, body = get(f"http://{address}/metrics")
     assert status == 200 and kind.startswith("text/plain")
     samples = {
@@ -179,13 +181,14 @@ def test_a_local_swarm_serves_its_brokers_stats_while_it_trains(tmp_path):
     try:
         banner = "".join(run.stdout.readline() for _ in range(3))  # the run's header, its threads line, then stats
         assert f"broker stats on http://127.0.0.1:{port}/metrics" in banner, banner
-        deadline = time.monotonic() + 60
-        while True:
-            stats = json.loads(get(f"http://127.0.0.1:{port}/stats")[2])
-            if all(a["round"] > 0 for a in stats["agents"].values()):
-                break
-            assert time.monotonic() < deadline, stats
-            time.sleep(0.5)
+        seen = []
+
+        def every_agent_gossiped():
+            seen.append(json.loads(get(f"http://127.0.0.1:{port}/stats")[2]))
+            return all(a["round"] > 0 for a in seen[-1]["agents"].values())
+
+        wait_for(every_agent_gossiped, 60, "the agents never gossiped", every=0.5, process=run)
+        stats = seen[-1]
         assert stats["n"] == 2 and stats["address"].startswith("ipc://")
     finally:
         run.terminate()

@@ -1,6 +1,7 @@
 """A run resumed through the CLI: config.json is its settings, and the summary covers every session."""
 
 import json
+import shutil
 
 import pytest
 
@@ -45,13 +46,21 @@ def _strict_json(path):
 FINISHED = ("--agents", 1, "--total-frames", 1000, "--stop-at-return", "none", "--no-progress")
 
 
-@pytest.mark.timeout(120)
-def test_resuming_a_finished_run_keeps_its_return_and_writes_strict_json(tmp_path):
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished one-agent run of FINISHED, trained once for the module; each test resumes its own copy."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    result = invoke("run", *FINISHED, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+@pytest.mark.timeout(180)  # the first test to ask for finished_run pays for it
+def test_resuming_a_finished_run_keeps_its_return_and_writes_strict_json(finished_run, tmp_path):
     """Issue 19 F15: --resume of a finished run trained nothing, then rewrote summary.json with NaN
     (invalid JSON) in place of the run's real return."""
-    run_dir = tmp_path / "run"
+    run_dir = shutil.copytree(finished_run, tmp_path / "run")
     flags = (*FINISHED, "--run-dir", run_dir)
-    assert invoke("run", *flags).exit_code == 0
     first = _strict_json(run_dir / "summary.json")
     assert isinstance(first["mean_return"], float)
     result = invoke("run", *flags, "--resume")
@@ -79,11 +88,10 @@ def test_resuming_a_run_stopped_before_any_checkpoint_starts_its_agents_afresh(t
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("edit", [{"deviation_bound": None}, {"a2c": {"lr": 0.5}}])
-def test_a_resume_whose_config_json_changes_what_the_agents_learn_with_is_refused(tmp_path, edit):
+def test_a_resume_whose_config_json_changes_what_the_agents_learn_with_is_refused(finished_run, tmp_path, edit):
     """Issue 19 F14: a resumed run whose config.json said deviation_bound: null turned the bound off
     silently (the command line refuses such a flag; config.json is data)."""
-    run_dir = tmp_path / "run"
-    assert invoke("run", *FINISHED, "--run-dir", run_dir).exit_code == 0
+    run_dir = shutil.copytree(finished_run, tmp_path / "run")
     config = json.loads((run_dir / "config.json").read_text())
     for key, value in edit.items():
         config["agent"][key] = {**config["agent"][key], **value} if isinstance(value, dict) else value

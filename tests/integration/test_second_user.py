@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ import pytest
 import topologies
 from gossiprl import Broker, GossipClient
 from gossiprl.launch import private_endpoint
+from helpers import wait_for
 
 
 def _nobody() -> pwd.struct_passwd | None:
@@ -211,9 +211,7 @@ def test_another_user_can_neither_take_over_a_rank_nor_fetch_the_swarm_s_paramet
                 # Keyless (ipc), the server reads both FETCHes and refuses them for want of the token;
                 # with keys (tcp), the letter server is a CURVE server too and the handshake fails first.
                 expected = refused + 2 if agent_curve is None else refused
-                deadline = time.monotonic() + 30
-                while server.refused < expected and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                wait_for(lambda: server.refused >= expected, 30, "the stranger's fetches were not refused", every=0.05)
                 got = _exchange_all(clients, [{"x": np.full(8, 5.0, np.float32)}, {"x": np.ones(8, np.float32)}])
                 stats = broker.stats()
             finally:

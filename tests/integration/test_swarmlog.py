@@ -1,11 +1,10 @@
 """The launcher's swarm-level TensorBoard run (and its W&B mirror), from a real two-agent swarm."""
 
 import json
-import time
 
 import pytest
 
-from helpers import invoke
+from helpers import wait_for
 
 
 def read_events(directory):
@@ -30,40 +29,6 @@ def read_events(directory):
     return scalars, hparams
 
 
-@pytest.fixture(scope="module")
-def swarm_run(tmp_path_factory):
-    """One real two-agent run for both tests, mirrored to an offline W&B run when wandb is installed."""
-    run_dir = tmp_path_factory.mktemp("swarm") / "run"
-    try:
-        import wandb  # noqa: F401
-
-        track = ["--track", "--wandb-project", "gossiprl-test"]
-    except ImportError:
-        track = []
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("WANDB_MODE", "offline")
-        env.setenv("WANDB_SILENT", "true")
-        result = invoke(
-            "run",
-            "--agents",
-            2,
-            "--topology",
-            "ring",
-            "--total-frames",
-            40000,
-            "--run-dir",
-            run_dir,
-            "--no-progress",
-            "--stop-at-return",
-            "none",
-            "--torch-threads",
-            1,
-            *track,
-        )
-    assert result.exit_code == 0, result.output
-    return run_dir
-
-
 def test_swarm_run_logs_spread_over_agents_with_hparams(swarm_run):
     scalars, hparams = read_events(swarm_run / "swarm")
     for name in ("return", "consensus_distance", "lock_wait_s", "data_plane_bytes"):
@@ -82,10 +47,12 @@ def test_track_mirrors_the_swarm_run_to_wandb_offline(swarm_run):
     pytest.importorskip("wandb", reason="the track extra (wandb) is not installed: pip install -e '.[track]'")
     (offline,) = (swarm_run / "wandb").glob("offline-run-*")
     (log,) = offline.glob("*.wandb")
-    deadline = time.monotonic() + 60  # wandb's service process may still be writing after finish() returns
-    while not (b"swarm/return_mean" in log.read_bytes() and b"gossiprl-test" in log.read_bytes()):
-        assert time.monotonic() < deadline, "the swarm's scalars never reached the offline W&B run"
-        time.sleep(0.5)
+    wait_for(  # wandb's service process may still be writing after finish() returns
+        lambda: b"swarm/return_mean" in log.read_bytes() and b"gossiprl-test" in log.read_bytes(),
+        60,
+        "the swarm's scalars never reached the offline W&B run",
+        every=0.5,
+    )
     assert {p.name for p in (offline / "files").glob("events.out.tfevents.*")} == {
         p.name for p in (swarm_run / "swarm").glob("events.out.tfevents.*")
     }
