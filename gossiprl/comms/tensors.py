@@ -42,7 +42,9 @@ def finite(x: Any) -> bool:
     if is_torch(x):
         return not x.is_floating_point() or bool(sys.modules["torch"].isfinite(x).all())
     arr = np.asarray(x)
-    return arr.dtype.kind != "f" or bool(np.isfinite(arr).all())
+    # A NaN or an infinity makes the sum NaN or infinite, so a finite sum settles it in one pass
+    # with no temporary; only a sum that overflowed needs the element-wise look.
+    return arr.dtype.kind != "f" or bool(np.isfinite(arr.sum())) or bool(np.isfinite(arr).all())
 
 
 def named_tensors(params: Any) -> Mapping[str, Any]:
