@@ -233,7 +233,7 @@ class Broker:
         rank, now = msg["rank"], time.monotonic()
         granted = self._curve.grants.get(key) if key is not None else None
         displaced = self.registry.hello(identity, msg.header, now, key=key, granted=granted)
-        self.plane.end_session()  # a process that registers holds no part of a session
+        self.plane.end_session(self.locks)  # a process that registers holds no part of a session
         if displaced is not None:
             for parked in self.locks.cancel(rank):
                 reason = f"rank {rank} was registered again by another connection; this request will never be answered"
@@ -250,14 +250,15 @@ class Broker:
         self.registry.pin_schema(tuple(spec.schema_key for spec in msg.specs))
         nbytes = sum(spec.nbytes for spec in msg.specs) if msg.frames else 0  # a reference alone moves no bytes here
         header = {"tensors": msg["tensors"], **({"ref": msg["ref"]} if "ref" in msg.header else {})}
-        self.plane.published(peer.rank, header, self)
+        self.plane.published(peer.rank, header, msg["round"], self)
         replies = self.locks.publish(peer.rank, msg["seq"], msg["round"], header, msg.frames, nbytes, time.monotonic())
         self._send(replies)
 
     def _on_collect(self, peer: Peer, msg: wire.Message) -> None:
         """A reader that could not open some writers' references names them: the data plane relays those edges."""
         reads = functools.partial(self.locks.reads_from, peer.rank)
-        self.plane.unreachable(peer.rank, msg.get("unreachable", ()), reads)
+        if self.plane.unreachable(peer.rank, msg.get("unreachable", ()), reads):
+            self.plane.end_session(self.locks)  # a relayed edge cannot take its turns in shared memory
         taken = msg.get("taken", ())
         self._send(self.locks.collect(peer.rank, msg["seq"], msg["round"], time.monotonic(), skip=taken))
 
@@ -278,7 +279,7 @@ class Broker:
         """Unbind a rank from its socket, mark it gone and rewire the survivors around it."""
         log.log(level, "broker: agent %d %s; rewiring the topology around it", peer.rank, why)
         empty = self.registry.leave(peer, bye=bye)
-        self.plane.end_session()
+        self.plane.end_session(self.locks)
         self._send(self.locks.gone(peer.rank, time.monotonic()))
         if empty:  # the swarm is empty: the next one may bring another schema
             self.locks.drop_letters()

@@ -324,11 +324,11 @@ class GossipClient:
         if pong.get("session") != turns.id:
             turns.leave()
 
-    def _wait(self, turns: shmlocks.Turns, blocked, deadline: float | None) -> None:
+    def _wait(self, turns: shmlocks.Turns, blocked, deadline: float | None, why: int) -> None:
         """Wait for a turn, asking the broker every heartbeat (GossipTimeout past ``deadline``)."""
         while True:
             step = time.monotonic() + self.heartbeat
-            if shmlocks.wait_for(blocked, step if deadline is None else min(step, deadline), turns.control):
+            if shmlocks.wait_for(blocked, step if deadline is None else min(step, deadline), turns.control, why):
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 raise GossipTimeout(f"rank {self.rank}: no turn within the timeout (round {self.round}, session)")
@@ -345,13 +345,13 @@ class GossipClient:
             _, ref = segment.write(tensors, self.round)
             if segment.token != token:
                 turns.leave()  # a new schema: a new segment our readers do not know
-            self._wait(turns, lambda: _turn(turns, turns.may_post()), deadline)
+            self._wait(turns, lambda: _turn(turns, turns.may_post()), deadline, shmlocks.FOR_READ)
             if not turns.left:
                 turns.post(ref["version"])
                 self._plane.acked = True
                 return PublishResult(self.round, sorted(set(turns.outs) - turns.gone), [])
         if not turns.drained:
-            self._wait(turns, turns.undrained, deadline)
+            self._wait(turns, turns.undrained, deadline, shmlocks.FOR_READ)
             turns.drained = True
         (ack,) = self._request([self._publish_request(tensors)], self._left(deadline))
         self._note_ack(ack)
@@ -363,7 +363,7 @@ class GossipClient:
         the letters already taken here."""
         letters, taken = {}, []
         for w in turns.ins:
-            self._wait(turns, lambda w=w: _turn(turns, turns.may_read(w)), deadline)
+            self._wait(turns, lambda w=w: _turn(turns, turns.may_read(w)), deadline, shmlocks.FOR_POST)
             version = turns.pending(w)
             if version is None:
                 continue
@@ -375,7 +375,7 @@ class GossipClient:
             else:
                 letters[w] = got
         if taken:
-            turns.ring()
+            turns.ring(shmlocks.FOR_READ)
         if not turns.left:
             self.last_rounds = dict.fromkeys(letters, self.round)
             self.last_weights = dict(turns.row)

@@ -822,18 +822,21 @@ class BrokerPlane:
             **({"fetch_token": self.fetch_token} if self.fetch_token else {}),
         }
 
-    def unreachable(self, reader: int, writers, reads: Callable[[int], bool]) -> None:
+    def unreachable(self, reader: int, writers, reads: Callable[[int], bool]) -> int:
         """A reader names writers it could not reach; ``reads(j)``: it reads from j as wired now. Only
-        those edges are relayed: one COLLECT naming every rank used to make every writer upload every letter."""
+        those edges are relayed: one COLLECT naming every rank used to make every writer upload every letter.
+        Returns how many edges it relays anew."""
+        added = 0
         for j in writers:
             if (j, reader) in self.relay_edges:
                 continue
             if j != reader and reads(j):
                 self.relay_edges.add((j, reader))
                 self.events["data-plane-fallbacks"] += 1
-                self.end_session()
+                added += 1
             else:
                 self.events["relay-requests-ignored"] += 1
+        return added
 
     def open_letter(self, letter, reader: int) -> tuple[dict, list, int]:
         """What ``reader`` is handed of a letter (the TurnLocks hook): a reference-only letter, or one
@@ -844,16 +847,24 @@ class BrokerPlane:
             return {**letter.header, "relayed": True}, letter.payload, letter.nbytes
         return {**letter.header, "relayed": False}, [], 0
 
-    def published(self, rank: int, header: dict, swarm) -> None:
-        """A letter came through the broker: once every rank sent one with a control segment, all on
-        one host, the swarm whole and wired as drawn, a session begins (``swarm``: the broker, for
-        its locks, registry and mode). It starts two rounds past the furthest rank, so every rank
-        hears of it on the way there."""
+    def published(self, rank: int, header: dict, round: int, swarm) -> None:
+        """A letter came through the broker (``swarm``: the broker, for its locks, registry and mode).
+
+        Within a session, one of the session's rounds means its writer left it: the session ends.
+        Otherwise, once every rank sent one with a control segment, all on one host, the swarm
+        whole and wired as drawn, a session begins. It starts two rounds past the furthest rank, so
+        every rank hears of it on the way there."""
+        if self.plane != "shm":
+            return
+        locks = swarm.locks
+        if self.session:
+            if round < self.session_round:
+                return
+            self.end_session(locks)
         ref = header.get("ref")
-        if self.plane != "shm" or self.session or not isinstance(ref, dict) or "ctl_fd" not in ref:
+        if not isinstance(ref, dict) or "ctl_fd" not in ref:
             return
         self._ready[rank] = ref
-        locks = swarm.locks
         if (
             len(self._ready) < locks.topology.n
             or swarm.mode != "sync"
@@ -868,11 +879,16 @@ class BrokerPlane:
         self.session_round = max(r.round for r in locks.ranks) + 2
         self.events["sessions"] += 1
 
-    def end_session(self) -> None:
-        """The swarm changed (an agent gone, back or registered anew, an edge relayed): turns go back to
-        the broker; agents hear it when they next ask (PONG ``session``) or see a neighbour leave."""
+    def end_session(self, locks) -> None:
+        """The swarm changed (an agent gone, back or registered anew, left the session, an edge
+        relayed): turns go back to the broker; agents hear it when they next ask (PONG ``session``)
+        or see a neighbour leave. The letters the broker still keeps from before the session were
+        read long ago: forgotten, or rewiring would hand one to a new reader as its latest."""
         if self.session:
             self.events["sessions-ended"] += 1
+            for me in locks.ranks:
+                if me.round < self.session_round and me.publish is None:
+                    me.last_letter = None
         self.session = 0
         self._ready.clear()
 

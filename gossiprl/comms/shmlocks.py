@@ -42,6 +42,10 @@ HEADER_BYTES = 128
 at 72, left (i64) at 80, sleeping (i64) at 88, zero to 128; then per peer rank p: sent, version,
 read (i64 each)."""
 DOORBELL, SESSION = 64, 72
+FOR_POST, FOR_READ = 0, 1
+"""Why an agent sleeps on a neighbour's doorbell: for its next letter, or for it to read ours. A
+doorbell wakes only the sleepers its change concerns: a wake-up that finds nothing to do costs a
+context switch, which on a busy host is the dearest part of a turn."""
 FIELDS = 3
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -132,7 +136,7 @@ class _View:
         return bool(self.state[1])
 
     def sleeping(self) -> int:
-        """1 + the rank whose doorbell this agent sleeps on, or 0."""
+        """2 (1 + the rank whose doorbell this agent sleeps on) + FOR_POST or FOR_READ, or 0."""
         return int(self.state[2])
 
     def sent(self, p: int) -> int:
@@ -181,8 +185,8 @@ class Control(_View):
         """Say this agent's edges go through the broker from now on (its posted letters stay readable)."""
         self.state[1] = 1
 
-    def sleep_on(self, rank: int | None) -> None:
-        self.state[2] = 0 if rank is None else rank + 1
+    def sleep_on(self, rank: int | None, why: int = FOR_POST) -> None:
+        self.state[2] = 0 if rank is None else 2 * (rank + 1) + why
 
     def post(self, p: int, version: int) -> None:
         self.edges[p, 1] = version
@@ -237,13 +241,14 @@ class PeerControl(_View):
             pass
 
 
-def wait_for(blocked, deadline: float, own: Control | None = None, clock=time.monotonic) -> bool:
+def wait_for(blocked, deadline: float, own: Control | None = None, why: int = FOR_POST, clock=time.monotonic) -> bool:
     """Wait until ``blocked()`` returns None, or until ``deadline``: then False.
 
     ``blocked()`` returns the peer (a _View) whose change would let us on, or None when nothing
     blocks. Its doorbell is read before the condition is checked again: a change made after that
     check rings a doorbell that no longer holds the value the futex sleeps on, so it is never missed.
-    With ``own``, our segment says whom we sleep on, so that peer rings with a wake-up (see ``Turns.ring``).
+    With ``own``, our segment says whom we sleep on and ``why``, so that peer wakes us when its
+    change concerns us (see ``Turns.ring``).
     """
     peer = blocked()
     while peer is not None:
@@ -256,7 +261,7 @@ def wait_for(blocked, deadline: float, own: Control | None = None, clock=time.mo
         if left <= 0:
             return False
         if own is not None:
-            own.sleep_on(peer.rank)
+            own.sleep_on(peer.rank, why)
         futex_wait(peer.bell_address, bell, min(left, 1.0))
         if own is not None:
             own.sleep_on(None)
@@ -297,7 +302,7 @@ class Turns:
 
     def enter(self) -> None:
         self.control.enter(self.id)
-        self.ring()
+        self.ring(None)
         if any(pc is None for pc in (*self.ins.values(), *self.outs.values())):
             self.leave()  # a neighbour we cannot see must not wait on us, nor we on it
 
@@ -305,12 +310,12 @@ class Turns:
         if not self.left:
             self.left = True
             self.control.leave()
-            self.ring()
+            self.ring(None)
 
-    def ring(self) -> None:
-        """Bump our doorbell after a change; wake whoever sleeps on it. The wake-up syscall is made
-        only when a neighbour says it sleeps on us, which needs a fence between the bump and that
-        look (without one, always)."""
+    def ring(self, why: int | None) -> None:
+        """Bump our doorbell after a change; wake whoever sleeps on it for ``why`` (None: for anything,
+        as joining or leaving concerns all). The wake-up syscall is made only when a neighbour says
+        it sleeps on us so, which needs a fence between the bump and that look (without one, always)."""
         control = self.control
         control.bell[0] += np.uint32(1)
         fence = _fence()
@@ -318,8 +323,11 @@ class Turns:
             futex_wake(control.bell_address)
             return
         fence()
-        me = self.rank + 1
-        if any(w.sleeping() == me for w in self._watchers):
+        me = 2 * (self.rank + 1)
+        if any(
+            w.sleeping() in (me + FOR_POST, me + FOR_READ) if why is None else w.sleeping() == me + why
+            for w in self._watchers
+        ):
             futex_wake(control.bell_address)
 
     def _joined(self, pc) -> bool:
@@ -342,7 +350,7 @@ class Turns:
             if p not in self.gone:
                 self.control.post(p, version)
                 self.sent[p] += 1
-        self.ring()
+        self.ring(FOR_POST)
 
     def pending(self, w: int) -> int | None:
         """The version of w's unread letter on our edge, or None."""

@@ -77,7 +77,7 @@ class Agent:
                 self.log.setdefault((self.rank, self.round), {})[w] = version // 2 - 1
                 t.mark_read(w)
                 self.taken.add(w)
-        t.ring()
+        t.ring(shmlocks.FOR_READ)
         if t.left:
             if not self.asked:
                 self.asked, self.deliver = True, None
