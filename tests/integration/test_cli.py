@@ -1,5 +1,6 @@
 """The `gossiprl` command as a user meets it: clear one-line errors, and real short runs."""
 
+import csv
 import json
 import re
 import signal
@@ -132,6 +133,27 @@ def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_impala_ring_of_two_runs_end_to_end_and_logs_its_lag(tmp_path):
+    run_dir = tmp_path / "run"
+    small = ["--actors-per-agent", 2, "--num-envs", 2, "--n-steps", 5, "--batch-size", 2, "--queue-size", 2]
+    result = invoke(
+        "run", "--algo", "impala", "--agents", 2, "--topology", "ring", *small, "--total-frames", 2000,
+        "--log-every", 10, "--run-dir", run_dir, "--no-progress", "--stop-at-return", "none",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["agents"] == 2 and summary["frames"] >= 2000 and summary["episodes"] > 0
+    for rank in (0, 1):
+        with open(run_dir / f"agent-{rank}" / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert int(rows[-1]["updates"]) == 50  # 1000 frames per agent, 20 per update
+        assert all(float(row["gossip/consensus_distance"]) >= 0 for row in rows)
+        lags = [float(row["impala/policy_lag_max"]) for row in rows]
+        assert all(0 <= lag <= 10 for lag in lags), lags
+        assert all(0 <= float(row["impala/rho_clipped"]) <= 1 for row in rows)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
     """Ctrl-C or a scheduler's SIGTERM: agents stop, checkpoint, and no process is left behind."""
@@ -241,6 +263,12 @@ def test_bench_mix_prints_mix_and_axpy_from_one_run():
     assert [("hot" in line, "cold" in line) for line in lines] == [(True, False)] * 2 + [(False, True)] * 2
 
 
+def test_bench_mix_on_cpu_time_says_so():
+    result = invoke("bench", "mix", "--params", 50000, "--reps", 3, "--cpu-time")
+    assert result.exit_code == 0, result.output
+    assert "(CPU time)" in result.output and sum("axpy" in line for line in result.output.splitlines()) == 4
+
+
 @pytest.mark.timeout(300)
 def test_bench_train_quick_measures_every_row_in_one_run(tmp_path):
     out = tmp_path / "bench.json"
@@ -273,3 +301,5 @@ def test_bench_train_refuses_bad_flags_in_one_line():
     assert refused.exit_code == 2 and "'broker', 'shm', 'direct', 'auto'" in refused.output
     bad = invoke("bench", "train", "--agents", "1,x")
     assert bad.exit_code == 2 and "give ring sizes >= 2" in bad.output
+    bad = invoke("bench", "learners", "--actors", "0,2")
+    assert bad.exit_code == 2 and "give actor counts >= 1 separated by commas, e.g. 1,2,4" in bad.output
