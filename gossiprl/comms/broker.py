@@ -225,6 +225,8 @@ class Broker:
                 continue
             if r.cmd == wire.ACK and (relay := self.plane.relays(r.rank, self.locks, self.registry.registered)):
                 r.fields["relay"] = relay
+            if self.plane.session:
+                r.fields.update(self.plane.grant(r.rank, self.topology))
             self._reply(peer.identity, r.cmd, r.fields, r.payload, peer.queued)
 
     # ------------------------------------------------------------ handlers
@@ -233,6 +235,7 @@ class Broker:
         rank, now = msg["rank"], time.monotonic()
         granted = self._curve.grants.get(key) if key is not None else None
         displaced = self.registry.hello(identity, msg.header, now, key=key, granted=granted)
+        self.plane.end_session(self.locks)  # a process that registers holds no part of a session
         if displaced is not None:
             for parked in self.locks.cancel(rank):
                 reason = f"rank {rank} was registered again by another connection; this request will never be answered"
@@ -252,17 +255,22 @@ class Broker:
         self.registry.pin_schema(tuple(spec.schema_key for spec in msg.specs), msg.header_bytes)
         nbytes = sum(spec.nbytes for spec in msg.specs) if msg.frames else 0  # a reference alone moves no bytes here
         header = {"tensors": msg["tensors"], **({"ref": msg["ref"]} if "ref" in msg.header else {})}
+        self.plane.published(peer.rank, header, msg["round"], self)
         replies = self.locks.publish(peer.rank, msg["seq"], msg["round"], header, msg.frames, nbytes, time.monotonic())
         self._send(replies)
 
     def _on_collect(self, peer: Peer, msg: wire.Message) -> None:
         """A reader that could not open some writers' references names them: the data plane relays those edges."""
         reads = functools.partial(self.locks.reads_from, peer.rank)
-        self.plane.unreachable(peer.rank, msg.get("unreachable", ()), reads)
-        self._send(self.locks.collect(peer.rank, msg["seq"], msg["round"], time.monotonic()))
+        if self.plane.unreachable(peer.rank, msg.get("unreachable", ()), reads):
+            self.plane.end_session(self.locks)  # a relayed edge cannot take its turns in shared memory
+        taken = msg.get("taken", ())
+        self._send(self.locks.collect(peer.rank, msg["seq"], msg["round"], time.monotonic(), skip=taken))
 
     def _on_ping(self, peer: Peer, msg: wire.Message) -> None:
-        self._reply(peer.identity, wire.PONG, {"seq": msg.get("seq")})
+        """PONG says which session is in force and which of the ranks a waiting agent names are gone."""
+        gone = [r for r in msg.get("about", ()) if r in self.locks.gone_ranks]
+        self._reply(peer.identity, wire.PONG, {"seq": msg.get("seq"), "session": self.plane.session, "gone": gone})
 
     def _on_bye(self, peer: Peer, msg: wire.Message) -> None:
         self._leave(peer, "said BYE", logging.INFO, bye=True)
@@ -276,6 +284,7 @@ class Broker:
         """Unbind a rank from its socket, mark it gone and rewire the survivors around it."""
         log.log(level, "broker: agent %d %s; rewiring the topology around it", peer.rank, why)
         empty = self.registry.leave(peer, bye=bye)
+        self.plane.end_session(self.locks)
         self._send(self.locks.gone(peer.rank, time.monotonic()))
         if empty:  # the swarm is empty: the next one may bring another schema
             self.locks.drop_letters()

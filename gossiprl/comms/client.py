@@ -20,7 +20,7 @@ import zmq
 
 import topologies
 
-from . import dataplane, keys, wire
+from . import dataplane, keys, shmlocks, wire
 from .tensors import CudaStager, finite, pack
 
 
@@ -107,6 +107,11 @@ class GossipClient:
         self.last_weights: dict[int, float] = {}
         """Weights to mix the last collect's letters with: this rank's row of the mixing matrix the
         broker had in force (dead peers rewired around), self included."""
+        self._grant: dict | None = None
+        """The broker's latest session grant (ACK and DELIVER ``session``, PROTOCOL.md 10.6)."""
+        self._turns: shmlocks.Turns | None = None
+        """Our edges' turn locks in shared memory, from the session's first round on (shmlocks)."""
+        self._last_heard = time.monotonic()
         self.register()
 
     # ------------------------------------------------------------ connection
@@ -171,7 +176,12 @@ class GossipClient:
             self._plane = None
         if self._plane is None and plane != "broker":
             self._plane = dataplane.AgentPlane(
-                plane, self.address, self.mode, self._curve_files, fetch_timeout=self.heartbeat * self.liveness
+                plane,
+                self.address,
+                self.mode,
+                self._curve_files,
+                fetch_timeout=self.heartbeat * self.liveness,
+                n=self.topology.n,
             )
         if self._plane is not None:
             self._plane.set_token(token)
@@ -180,6 +190,10 @@ class GossipClient:
 
     def close(self) -> None:
         """Say BYE (so the rank is free at once) and close. Safe to call twice."""
+        if self._turns is not None:
+            self._turns.leave()  # neighbours waiting on our turns see it at once, before the broker does
+            self._turns.close()
+            self._turns = None
         if self._plane is not None:
             self._plane.close()
             self._plane = None
@@ -225,6 +239,10 @@ class GossipClient:
         """Send this round's tensors to every out-peer; returns once the broker has written them
         (sync: after each out-peer read the previous round's letter), so the caller may then
         modify the tensors again."""
+        self._topology()
+        turns = self._session()
+        if turns is not None:
+            return self._turn_publish(turns, tensors, self._deadline(timeout))
         (ack,) = self._request([self._publish_request(tensors)], timeout)
         self._note_ack(ack)
         return PublishResult(ack["round"], ack["written"], ack["skipped"])
@@ -232,16 +250,139 @@ class GossipClient:
     def collect(self, timeout: float | None = None) -> dict[int, dict]:
         """The in-peers' letters for this round as {peer rank: {name: read-only array}}, then
         advance the round. Sync: waits for every in-peer; async: whatever has arrived."""
+        self._topology()
+        turns = self._session()
+        if turns is not None:
+            return self._turn_collect(turns, self._deadline(timeout))
         (deliver,) = self._request([self._collect_request()], timeout)
         return self._finish_round(deliver)
 
     def exchange(self, tensors: Mapping[str, Any], timeout: float | None = None) -> dict[int, dict]:
         """publish() then collect() pipelined in one round trip: both requests leave together and
-        the two turn locks are waited on at the same time."""
+        the two turn locks are waited on at the same time. Within a session both turns are taken
+        in shared memory, one after the other, with no message to the broker."""
         self._topology()
+        turns = self._session()
+        if turns is not None:
+            deadline = self._deadline(timeout)
+            self._turn_publish(turns, tensors, deadline)
+            return self._turn_collect(turns, deadline)
         ack, deliver = self._request([self._publish_request(tensors), self._collect_request()], timeout)
         self._note_ack(ack)
         return self._finish_round(deliver)
+
+    # ------------------------------------------------------------ a session's turns (shmlocks)
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        timeout = self.timeout if timeout is None else timeout
+        return None if timeout is None else time.monotonic() + timeout
+
+    def _left(self, deadline: float | None) -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _session(self) -> shmlocks.Turns | None:
+        """The session whose turns this call takes, if any: from the round the grant names, all of
+        them in shared memory; after leaving it, whatever its edges still owe (drain, then broker)."""
+        grant, turns = self._grant, self._turns
+        if grant is not None and self.round >= grant["round"] and (turns is None or turns.id != grant["id"]):
+            if self._plane is None or self._plane.control is None:
+                self._grant = None
+                return turns
+            turns = self._begin(grant)
+        if turns is not None and not turns.left and time.monotonic() - self._last_heard > self.heartbeat:
+            self._consult(turns)  # the broker hears from us, and we hear whether the session holds
+        return turns
+
+    def _begin(self, grant: dict) -> shmlocks.Turns:
+        def peer(pid, fd, token):
+            try:
+                return shmlocks.PeerControl(pid, fd, token, self.topology.n)
+            except (OSError, TypeError, ValueError):
+                return None
+
+        readers = {r[0]: r[1:] for r in grant["readers"]}
+        ins = {}
+        for w in self.topology.in_peers(self.rank, 0):
+            ref = self._plane.writers.get(w, ({}, []))[0]
+            ins[w] = peer(ref.get("pid"), ref.get("ctl_fd"), ref.get("ctl_token"))
+        outs = {p: peer(*readers[p]) if p in readers else None for p in self.topology.out_peers(self.rank, 0)}
+        if self._turns is not None:
+            self._turns.close()
+        self._turns = shmlocks.Turns(self._plane.control, self.rank, grant["id"], ins, outs)
+        self._turns.row = self.topology.weights(self.rank, 0)  # static and whole while the session holds
+        self._turns.enter()
+        return self._turns
+
+    def _consult(self, turns: shmlocks.Turns) -> None:
+        """Ask the broker whether the session holds and which of our neighbours are gone: a turn
+        that does not come within a heartbeat may be waiting on an agent that died or left."""
+        about = sorted({*turns.ins, *turns.outs})
+        (pong,) = self._request([(wire.PING, {"about": about}, ())])
+        gone = pong.get("gone")
+        if isinstance(gone, list):
+            turns.gone |= {r for r in gone if r in about}
+        if pong.get("session") != turns.id:
+            turns.leave()
+
+    def _wait(self, turns: shmlocks.Turns, blocked, deadline: float | None, why: int) -> None:
+        """Wait for a turn, asking the broker every heartbeat (GossipTimeout past ``deadline``)."""
+        while True:
+            step = time.monotonic() + self.heartbeat
+            if shmlocks.wait_for(blocked, step if deadline is None else min(step, deadline), turns.control, why):
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise GossipTimeout(f"rank {self.rank}: no turn within the timeout (round {self.round}, session)")
+            self._consult(turns)
+
+    def _turn_publish(self, turns: shmlocks.Turns, tensors, deadline: float | None) -> PublishResult:
+        """Post our letter once every reader has read the previous one; after leaving the session,
+        once they read all we posted, the broker's way."""
+        if not turns.left:
+            if self.check_finite:
+                _refuse_non_finite(tensors)
+            segment = self._plane.segment
+            token = segment.token
+            _, ref = segment.write(tensors, self.round)
+            if segment.token != token:
+                turns.leave()  # a new schema: a new segment our readers do not know
+            self._wait(turns, lambda: _turn(turns, turns.may_post()), deadline, shmlocks.FOR_READ)
+            if not turns.left:
+                turns.post(ref["version"])
+                self._plane.acked = True
+                return PublishResult(self.round, sorted(set(turns.outs) - turns.gone), [])
+        if not turns.drained:
+            self._wait(turns, turns.undrained, deadline, shmlocks.FOR_READ)
+            turns.drained = True
+        (ack,) = self._request([self._publish_request(tensors)], self._left(deadline))
+        self._note_ack(ack)
+        return PublishResult(ack["round"], ack["written"], ack["skipped"])
+
+    def _turn_collect(self, turns: shmlocks.Turns, deadline: float | None) -> dict[int, dict]:
+        """Take each in-peer's letter when it is posted; an edge whose writer goes the broker's way
+        (it left the session, or is gone) makes us leave too, and the broker's COLLECT then skips
+        the letters already taken here."""
+        letters, taken = {}, []
+        for w in turns.ins:
+            self._wait(turns, lambda w=w: _turn(turns, turns.may_read(w)), deadline, shmlocks.FOR_POST)
+            version = turns.pending(w)
+            if version is None:
+                continue
+            got = self._plane.read_posted(w, version)
+            turns.mark_read(w)
+            taken.append(w)
+            if got is None:
+                turns.leave()  # a letter we could not have: the broker path says why, and relays
+            else:
+                letters[w] = got
+        if taken:
+            turns.ring(shmlocks.FOR_READ)
+        if not turns.left:
+            self.last_rounds = dict.fromkeys(letters, self.round)
+            self.last_weights = dict(turns.row)
+            self.round += 1
+            return letters
+        (deliver,) = self._request([self._collect_request(taken)], self._left(deadline))
+        return {**self._finish_round(deliver), **letters}
 
     def ping(self, timeout: float | None = None) -> float:
         """Round-trip time to the broker in seconds."""
@@ -263,13 +404,30 @@ class GossipClient:
             )
         return (wire.PUBLISH, {"round": self.round, "tensors": schema}, buffers)
 
-    def _collect_request(self):
-        return (wire.COLLECT, {"round": self.round, **(self._plane.collect_fields() if self._plane else {})}, ())
+    def _collect_request(self, taken=()):
+        fields = {"round": self.round, **(self._plane.collect_fields() if self._plane else {})}
+        if taken:
+            fields["taken"] = sorted(taken)
+        return (wire.COLLECT, fields, ())
 
     def _note_ack(self, ack: wire.Message) -> None:
         if self._plane is not None:
             self._plane.relay_to = ack.get("relay", [])
             self._plane.acked = True
+        self._note_grant(ack)
+
+    def _note_grant(self, reply: wire.Message) -> None:
+        """Keep a session grant the broker sent (a malformed one is ignored: turns stay with the broker)."""
+        grant = reply.get("session")
+        if (
+            isinstance(grant, dict)
+            and type(grant.get("id")) is int
+            and grant["id"] != 0
+            and type(grant.get("round")) is int
+            and isinstance(grant.get("readers"), list)
+            and all(isinstance(r, list) and len(r) == 4 and type(r[0]) is int for r in grant["readers"])
+        ):
+            self._grant = grant
 
     @property
     def plane_counts(self) -> dict[str, int]:
@@ -277,6 +435,7 @@ class GossipClient:
         return dict(self._plane.counts) if self._plane is not None else {}
 
     def _finish_round(self, deliver: wire.Message) -> dict[int, dict]:
+        self._note_grant(deliver)
         self.last_rounds = {letter["rank"]: letter.get("round") for letter in deliver["messages"]}
         self.last_weights = {int(j): float(w) for j, w in deliver["weights"]}
         self.round += 1
@@ -347,7 +506,7 @@ class GossipClient:
             except wire.WireError:
                 self._reset()
                 raise
-            last_heard = time.monotonic()
+            last_heard = self._last_heard = time.monotonic()
             seq = msg.get("seq")
             if self.broker is not None and msg.get("broker") not in (None, self.broker):
                 raise _BrokerRestarted()
@@ -358,6 +517,14 @@ class GossipClient:
             if seq in seqs:
                 replies[seq] = msg
         return [replies[s] for s in seqs]
+
+
+def _turn(turns: shmlocks.Turns, decision) -> Any:
+    """What to wait on for a turn (``Turns.may_post`` / ``may_read``): leaving is never waited for."""
+    state, peer = decision
+    if state == shmlocks.LEAVE:
+        turns.leave()
+    return peer if state == shmlocks.WAIT else None
 
 
 def _refuse_non_finite(tensors: Mapping[str, Any]) -> None:

@@ -54,7 +54,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from . import keys, wire
+from . import keys, shmlocks, wire
 from .tensors import copy_into, dtype_name, pack
 
 log = logging.getLogger("gossiprl.comms.dataplane")
@@ -148,6 +148,8 @@ class Segment:
         self.slot_bytes = 0
         self.letters = 0
         self._versions: list[np.ndarray] = []
+        self._key: tuple = ()
+        """(name, dtype, shape) of each tensor of the last letter: the same again needs no new schema."""
 
     def _make(self, specs: list[wire.TensorSpec]) -> None:
         self.close()
@@ -174,9 +176,17 @@ class Segment:
 
     def write(self, tensors: Mapping[str, Any], round: int) -> tuple[list[wire.TensorSpec], dict]:
         """Copy the letter into the next slot; returns its schema and the reference readers need."""
-        specs = _specs_of(tensors)
-        if self.map is None or [s.schema_key for s in specs] != [s.schema_key for s in self.specs]:
-            self._make(specs)
+        try:
+            key = tuple((name, value.dtype, tuple(value.shape)) for name, value in tensors.items())
+        except AttributeError:
+            key = ()
+        if key and key == self._key and self.map is not None:
+            specs = self.specs
+        else:
+            specs = _specs_of(tensors)
+            if self.map is None or [s.schema_key for s in specs] != [s.schema_key for s in self.specs]:
+                self._make(specs)
+            self._key = key
         k = self.letters
         self.letters += 1
         slot, head = k % SLOTS, self._versions[k % SLOTS]
@@ -586,9 +596,14 @@ class AgentPlane:
     ``torn`` (a sync-mode letter changed while it was copied: a broken promise, never expected).
     """
 
-    def __init__(self, plane: str, broker_address: str, mode: str, curve=None, fetch_timeout: float = 3.0):
+    def __init__(self, plane: str, broker_address: str, mode: str, curve=None, fetch_timeout: float = 3.0, n: int = 0):
         self.plane, self.mode, self.fetch_timeout = check_plane(plane), mode, fetch_timeout
         self.segment = Segment()
+        self.control = shmlocks.Control(n) if plane == "shm" and n > 0 else None
+        """Our side of the turn locks in a session (shmlocks): only the shm plane has sessions."""
+        self.writers: dict[int, tuple[dict, list]] = {}
+        """Each in-peer's segment (its last reference, without slot and version) and schema, as its
+        last DELIVER entry gave them: within a session, letters are found from these."""
         self.host = host_id()
         self.reader = ShmReader()
         self.server = None
@@ -622,6 +637,7 @@ class AgentPlane:
                 "torn",
                 "refused",
                 "sent-inline",
+                "session",
             )
         }
 
@@ -637,6 +653,8 @@ class AgentPlane:
         specs, ref = self.segment.write(tensors, round)
         if self.plane == "direct":
             del ref["pid"], ref["fd"], ref["token"], ref["host"]
+        if self.control is not None:
+            ref.update(self.control.ref())
         if self.server is not None:
             ref["endpoint"] = self.server.endpoint
             if self.server.public_key:
@@ -688,6 +706,7 @@ class AgentPlane:
                 and type(ref.get("version")) is int
             )
             if self.plane != "direct" and ref.get("host") == self.host:
+                self.writers[rank] = ({k: v for k, v in ref.items() if k not in ("slot", "version")}, letter["specs"])
                 try:
                     got = self.reader.read(ref, letter["specs"], latest=self.mode != "sync")
                 except TornLetter as err:
@@ -729,6 +748,31 @@ class AgentPlane:
                 self._lost(rank)
         return out
 
+    def read_posted(self, rank: int, version: int) -> dict[str, np.ndarray] | None:
+        """Copy the letter ``rank`` posted to us in a session (shmlocks) out of its segment, checked as
+        any shm letter is; None when it cannot be had (counted, as ``receive`` counts)."""
+        base = self.writers.get(rank)
+        if base is None:
+            self.counts["unreachable"] += 1
+            return None
+        ref = {**base[0], "slot": (version // 2 - 1) % SLOTS, "version": version}
+        try:
+            got = self.reader.read(ref, base[1], latest=False)
+        except TornLetter as err:
+            self.counts["torn"] += 1
+            log.error("dropped a letter: %s", err)
+            return None
+        except (OSError, KeyError, TypeError, ValueError) as err:
+            log.warning("cannot map the segment of rank %d: %s", rank, err)
+            self.counts["writer-gone" if not os.path.exists(f"/proc/{base[0].get('pid')}") else "unreachable"] += 1
+            return None
+        if got is None:
+            self.counts["overwritten"] += 1
+            return None
+        self.counts["shm"] += 1
+        self.counts["session"] += 1
+        return got
+
     def _lost(self, rank: int) -> None:
         log.warning("cannot reach the letters of rank %d; asking the broker to relay them", rank)
         self.counts["unreachable"] += 1
@@ -741,6 +785,9 @@ class AgentPlane:
         self.fetcher.close()
         self.reader.close()
         self.segment.close()
+        if self.control is not None:
+            self.control.close()
+            self.control = None
 
 
 # ------------------------------------------------------------------ the broker's end of the data plane
@@ -761,6 +808,12 @@ class BrokerPlane:
         self.relay_edges: set[tuple[int, int]] = set()
         """Edges (writer, reader) whose reader cannot reach the writer's data plane: relayed by the broker."""
         self.events: Counter[str] = Counter()
+        self.session = 0
+        """The session in force (PROTOCOL.md 10.6; random, never 0), or 0: turns go through the broker."""
+        self.session_round = 0
+        self._ready: dict[int, dict] = {}
+        """Ranks whose letter came through the broker since the last session ended, with the reference
+        to their control segment: a session is granted once every rank is in."""
 
     def welcome(self) -> dict:
         """WELCOME's data-plane fields: none for the broker plane, so its agents see the protocol as before."""
@@ -769,17 +822,21 @@ class BrokerPlane:
             **({"fetch_token": self.fetch_token} if self.fetch_token else {}),
         }
 
-    def unreachable(self, reader: int, writers, reads: Callable[[int], bool]) -> None:
+    def unreachable(self, reader: int, writers, reads: Callable[[int], bool]) -> int:
         """A reader names writers it could not reach; ``reads(j)``: it reads from j as wired now. Only
-        those edges are relayed: one COLLECT naming every rank used to make every writer upload every letter."""
+        those edges are relayed: one COLLECT naming every rank used to make every writer upload every letter.
+        Returns how many edges it relays anew."""
+        added = 0
         for j in writers:
             if (j, reader) in self.relay_edges:
                 continue
             if j != reader and reads(j):
                 self.relay_edges.add((j, reader))
                 self.events["data-plane-fallbacks"] += 1
+                added += 1
             else:
                 self.events["relay-requests-ignored"] += 1
+        return added
 
     def open_letter(self, letter, reader: int) -> tuple[dict, list, int]:
         """What ``reader`` is handed of a letter (the TurnLocks hook): a reference-only letter, or one
@@ -789,6 +846,62 @@ class BrokerPlane:
         if letter.payload and (letter.sender, reader) in self.relay_edges:
             return {**letter.header, "relayed": True}, letter.payload, letter.nbytes
         return {**letter.header, "relayed": False}, [], 0
+
+    def published(self, rank: int, header: dict, round: int, swarm) -> None:
+        """A letter came through the broker (``swarm``: the broker, for its locks, registry and mode).
+
+        Within a session, one of the session's rounds means its writer left it: the session ends.
+        Otherwise, once every rank sent one with a control segment, all on one host, the swarm
+        whole and wired as drawn, a session begins. It starts two rounds past the furthest rank, so
+        every rank hears of it on the way there."""
+        if self.plane != "shm":
+            return
+        locks = swarm.locks
+        if self.session:
+            if round < self.session_round:
+                return
+            self.end_session(locks)
+        ref = header.get("ref")
+        if not isinstance(ref, dict) or "ctl_fd" not in ref:
+            return
+        self._ready[rank] = ref
+        if (
+            len(self._ready) < locks.topology.n
+            or swarm.mode != "sync"
+            or locks.topology.period != 1
+            or locks.gone_ranks
+            or self.relay_edges
+            or len({r.get("host") for r in self._ready.values()}) != 1
+            or not all(swarm.registry.registered(r) for r in range(locks.topology.n))
+        ):
+            return
+        self.session = secrets.randbits(62) + 1
+        self.session_round = max(r.round for r in locks.ranks) + 2
+        self.events["sessions"] += 1
+
+    def end_session(self, locks) -> None:
+        """The swarm changed (an agent gone, back or registered anew, left the session, an edge
+        relayed): turns go back to the broker; agents hear it when they next ask (PONG ``session``)
+        or see a neighbour leave. The letters the broker still keeps from before the session were
+        read long ago: forgotten, or rewiring would hand one to a new reader as its latest."""
+        if self.session:
+            self.events["sessions-ended"] += 1
+            for me in locks.ranks:
+                if me.round < self.session_round and me.publish is None:
+                    me.last_letter = None
+        self.session = 0
+        self._ready.clear()
+
+    def grant(self, rank: int, topology) -> dict:
+        """The ``session`` field of ``rank``'s ACK and DELIVER while a session is in force: its id,
+        first round, and the control segments of the readers of rank's letters."""
+        if not self.session:
+            return {}
+        readers = []
+        for p in topology.out_peers(rank, 0):
+            ref = self._ready[p]
+            readers.append([p, ref.get("pid"), ref.get("ctl_fd"), ref.get("ctl_token")])
+        return {"session": {"id": self.session, "round": self.session_round, "readers": readers}}
 
     def relays(self, writer: int, locks, registered: Callable[[int], bool]) -> list[int]:
         """Readers that cannot open ``writer``'s references (its last letter in ``locks``, the

@@ -66,6 +66,8 @@ class Parked:
     letter: Letter | None = None
     written: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
+    skip: frozenset = frozenset()
+    """A COLLECT's in-peers whose letter the reader already has (a session's turn): not waited on."""
 
 
 @dataclass
@@ -134,10 +136,11 @@ class TurnLocks:
         self._settle(now, ("publish", me))
         return self._sent()
 
-    def collect(self, rank: int, seq: int, round: int, now: float) -> list[Reply]:
-        """Rank asks for its in-peers' letters of ``round``: DELIVERed once its turn has come."""
+    def collect(self, rank: int, seq: int, round: int, now: float, skip=()) -> list[Reply]:
+        """Rank asks for its in-peers' letters of ``round``: DELIVERed once its turn has come.
+        ``skip``: in-peers whose letter of this round it took by a session's turn (dataplane, shmlocks)."""
         me = self.ranks[rank]
-        me.collect = Parked(seq, round, now, self._in_peers(rank, round))
+        me.collect = Parked(seq, round, now, self._in_peers(rank, round) - set(skip), skip=frozenset(skip))
         self._settle(now, ("collect", me))
         return self._sent()
 
@@ -265,7 +268,7 @@ class TurnLocks:
                 me.publish.waiting_on = self._out_peers(me.rank, me.publish.round) - set(me.publish.written)
                 work.append(("publish", me))
             if me.collect is not None:
-                me.collect.waiting_on = self._in_peers(me.rank, me.collect.round)
+                me.collect.waiting_on = self._in_peers(me.rank, me.collect.round) - me.collect.skip
                 work.append(("collect", me))
         self._settle(now, *work)
 

@@ -412,14 +412,14 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
         _need_int(header, "round", cmd, 0)
     if cmd == PUBLISH and "ref" in header:
         check_ref(header["ref"], "PUBLISH")
-    if cmd == COLLECT and "unreachable" in header:
-        ranks = header["unreachable"]
+    for key in {COLLECT: ("unreachable", "taken"), PING: ("about",)}.get(cmd, ()):
+        ranks = header.get(key, [])
         if (
             not isinstance(ranks, list)
             or len(ranks) > MAX_TENSORS
             or not all(type(r) is int and 0 <= r <= MAX_UINT for r in ranks)
         ):
-            raise WireError("COLLECT 'unreachable' must be a list of ranks (non-negative integers)")
+            raise WireError(f"{cmd} {key!r} must be a list of ranks (non-negative integers), at most {MAX_TENSORS}")
     if cmd == DELIVER:
         letters = header.get("messages")
         if not isinstance(letters, list):

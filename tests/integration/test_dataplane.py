@@ -290,6 +290,30 @@ def test_a_broker_restart_keeps_the_references_and_relearns_the_relayed_edges(tm
         broker.close()
 
 
+def test_a_session_takes_the_turns_in_shared_memory_and_ends_when_an_agent_leaves():
+    """Once the swarm is whole the broker grants a session and the rounds stop reaching it; an agent
+    that leaves ends it, and the survivors finish their rounds through the broker, rewired, with no
+    wait on the agent that left and every round's letter from their new in-peer."""
+    x = np.ones(64, np.float32)
+    with Broker(topologies.make("ring", 3), data_plane="shm").start() as broker:
+        clients = [GossipClient(broker.address, r, timeout=20, **FAST) for r in range(3)]
+        try:
+            _rounds(clients, 8, x)
+            assert all(c.plane_counts["session"] >= 5 for c in clients), [c.plane_counts for c in clients]
+            publishes = [a["publishes"] for a in broker.stats()["agents"].values()]
+            clients[2].close()
+            before = [c.plane_counts["shm"] for c in clients[:2]]
+            _rounds(clients[:2], 5, x)
+            events = broker.stats()["events"]
+            assert events["sessions"] == 1 and events["sessions-ended"] == 1, events
+            assert [c.plane_counts["shm"] - b for c, b in zip(clients, before)] == [5, 5]
+            assert clients[0].last_weights == {0: 0.5, 1: 0.5}, "rank 0 was not rewired to read rank 1"
+            assert publishes[0] < 8, "the session's rounds went through the broker"
+        finally:
+            for c in clients:
+                c.close()
+
+
 @pytest.mark.parametrize(
     "fields,frames,why",
     [

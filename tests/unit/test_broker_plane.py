@@ -1,5 +1,9 @@
 """The broker's end of the data plane on its own: what a reader is handed, and which edges are relayed."""
 
+from types import SimpleNamespace
+
+import pytest
+
 import topologies
 from gossiprl.comms.dataplane import BrokerPlane
 from gossiprl.comms.turnlocks import Letter, TurnLocks
@@ -44,3 +48,47 @@ def test_welcome_names_the_plane_and_the_fetch_token_only_where_they_apply():
     direct = BrokerPlane("direct")
     assert direct.welcome() == {"data_plane": "direct", "fetch_token": direct.fetch_token}
     assert len(direct.fetch_token) == 32 and direct.fetch_token != BrokerPlane("direct").fetch_token
+
+
+def _ctl_ref(rank):
+    return {"host": "h", "pid": 10 + rank, "ctl_fd": 5, "ctl_token": f"t{rank}"}
+
+
+def _swarm(topology, mode="sync"):
+    return SimpleNamespace(
+        locks=TurnLocks(topology, mode), mode=mode, registry=SimpleNamespace(registered=lambda r: True)
+    )
+
+
+def test_a_session_is_granted_once_every_rank_published_and_ends_when_one_leaves_it():
+    swarm = _swarm(topologies.make("ring", 3))
+    plane, locks = BrokerPlane("shm"), swarm.locks
+    for r in range(3):
+        assert plane.session == 0, "granted before every rank published"
+        plane.published(r, {"ref": _ctl_ref(r)}, 0, swarm)
+        locks.publish(r, 1, 0, {"ref": _ctl_ref(r)}, [], 0, now=0.0)
+    assert plane.session != 0 and plane.session_round == 2
+    grant = {"id": plane.session, "round": 2, "readers": [[1, 11, 5, "t1"]]}
+    assert plane.grant(0, locks.topology) == {"session": grant}
+    plane.published(0, {"ref": _ctl_ref(0)}, 1, swarm)
+    assert plane.session != 0, "a round before the session is still the broker's"
+    plane.published(1, {"ref": _ctl_ref(1)}, 2, swarm)
+    assert plane.session == 0 and plane.events == {"sessions": 1, "sessions-ended": 1}, "rank 1 left the session"
+    assert locks.ranks[0].last_letter is None, "a letter from before the session would reach a rewired reader"
+    assert plane.grant(0, locks.topology) == {}
+
+
+@pytest.mark.parametrize(
+    "plane,topology,mode",
+    [
+        ("shm", topologies.make("ring", 2), "async"),
+        ("shm", topologies.make("sparse", 4, time_varying=True), "sync"),
+        ("auto", topologies.make("ring", 2), "sync"),
+    ],
+)
+def test_no_session_without_sync_a_static_topology_and_the_shm_plane(plane, topology, mode):
+    swarm = _swarm(topology, mode)
+    broker_plane = BrokerPlane(plane)
+    for r in range(topology.n):
+        broker_plane.published(r, {"ref": _ctl_ref(r)}, 0, swarm)
+    assert broker_plane.session == 0
