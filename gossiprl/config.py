@@ -491,7 +491,8 @@ def load_file(path: Path) -> dict:
 
 
 def config_option(fn):
-    """--config FILE, for the commands that take settings from a file."""
+    """--config FILE, for the commands that take settings from a file. Written by hand: it says where
+    settings come from, and is no setting itself."""
     return click.option(
         "--config",
         "config_file",
