@@ -27,6 +27,7 @@ from .settings import (
     TOPOLOGY_OPTIONS,
     AgentProcess,
     BenchComms,
+    BenchLearners,
     BenchMix,
     BenchScale,
     BenchTrain,
@@ -413,14 +414,25 @@ def bench_scale(hosts, rate, params, rounds, plot_path, quick, json_path):
     write_figures(result, json_path, say=False)
 
 
-BENCH_TRAIN_SETTINGS = config.Settings(
-    "bench train",
+BENCH_AGENT = (
     config.settings_of("agent", only=("env_id", "device")),
     config.settings_of("swarm", only=("data_plane",)),
-    defaults={"env_id": "MinAtar/Breakout-v1", "device": "cpu"},
+)
+BENCH_DEFAULTS = {"env_id": "MinAtar/Breakout-v1", "device": "cpu"}
+"""The training benchmarks' env defaults to MinAtar Breakout, the CPU stand-in for the papers' Atari games."""
+
+BENCH_TRAIN_SETTINGS = config.Settings(
+    "bench train",
+    *BENCH_AGENT,
+    defaults=BENCH_DEFAULTS,
     flags_only=(config.settings_of(BenchTrain), config.settings_of(Figures)),
 )
-"""The benchmark's env defaults to MinAtar Breakout, the CPU stand-in for the papers' Atari games."""
+BENCH_LEARNERS_SETTINGS = config.Settings(
+    "bench learners",
+    *BENCH_AGENT,
+    defaults=BENCH_DEFAULTS,
+    flags_only=(config.settings_of(BenchLearners), config.settings_of(Figures)),
+)
 
 
 @bench.command("train")
@@ -431,24 +443,54 @@ def bench_train(ctx, seconds, agent_counts, quick, json_path, **_):
     A2C loop, one agent (idle host and one core busy), and rings with blocking, overlapped and
     async gossip, with each row's time split."""
     require_rl("bench train")
-    from . import launch
     from .bench import train as bt
 
     values = BENCH_TRAIN_SETTINGS.resolve(ctx)
+    counts = (2,) if quick else counts_of(agent_counts, 2, "ring sizes", "2,4", "--agents")
+    seconds = 1.0 if quick else seconds
+    run_bench(
+        lambda: bt.run(values["env_id"], seconds, counts, values["data_plane"], values["device"], echo=click.echo),
+        values,
+        json_path,
+    )
+
+
+@bench.command("learners")
+@BENCH_LEARNERS_SETTINGS.options
+@click.pass_context
+def bench_learners(ctx, seconds, actor_counts, quick, json_path, **_):
+    """Frames/s of IMPALA (1, 2, 4 actors; one agent and a ring of 2) against A2C, every row in one
+    run, with IMPALA's policy lag and queue depth."""
+    require_rl("bench learners")
+    from .bench import learners as bl
+
+    values = BENCH_LEARNERS_SETTINGS.resolve(ctx)
+    counts = (1,) if quick else counts_of(actor_counts, 1, "actor counts", "1,2,4", "--actors")
+    seconds = 1.0 if quick else seconds
+    run_bench(lambda: bl.run(values["env_id"], seconds, counts, values["device"], echo=click.echo), values, json_path)
+
+
+def counts_of(text: str, least: int, what: str, example: str, flag: str) -> tuple[int, ...]:
+    """A benchmark's comma-separated counts, each at least ``least``, or a one-line error."""
+    try:
+        counts = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < least:
+        raise click.BadParameter(
+            f"{text!r}: give {what} >= {least} separated by commas, e.g. {example}", param_hint=flag
+        )
+    return counts
+
+
+def run_bench(measure, values: dict, json_path: str | None) -> None:
+    """Check the env and device, run ``measure`` (it prints its table) and write its figures as JSON if asked."""
+    from . import launch
+
     check_device(values["device"])
     check_env(values["env_id"])
     try:
-        counts = tuple(int(n) for n in agent_counts.split(","))
-    except ValueError:
-        counts = ()
-    if not counts or min(counts) < 2:
-        raise click.BadParameter(
-            f"{agent_counts!r}: give ring sizes >= 2 separated by commas, e.g. 2,4", param_hint="--agents"
-        )
-    if quick:
-        seconds, counts = 1.0, (2,)
-    try:
-        result = bt.run(values["env_id"], seconds, counts, values["data_plane"], values["device"], echo=click.echo)
+        result = measure()
     except launch.RunError as err:
         raise click.ClickException(str(err)) from None
     write_figures(result, json_path)
@@ -541,7 +583,7 @@ def default_run_dir(env_id: str, topology: str | None, seed: int, algo: str = "a
 @RUN_SETTINGS.options
 @click.pass_context
 def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb_entity, metrics_port, **_):
-    """Train a swarm of gossiping A2C or PPO (--algo) agents on this host (broker + one process per agent).
+    """Train a swarm of gossiping A2C, PPO or IMPALA (--algo) agents on this host (broker + one process per agent).
 
     --resume continues the run in --run-dir with the settings in its config.json; flags may
     change only how long and how it runs (budget, time limit, stop rule, transport, data plane,

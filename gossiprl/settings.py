@@ -258,6 +258,16 @@ class BenchTrain:
     """1 s per row and a ring of 2 only: a smoke test of every row."""
 
 
+@dataclass
+class BenchLearners:
+    seconds: float = field(default=30, metadata={"min": 1})
+    """Seconds each row trains."""
+    actor_counts: str = field(default="1,2,4", metadata={"flag": "--actors"})
+    """Comma-separated actors per IMPALA agent."""
+    quick: bool = field(default=False, metadata={"switch": True})
+    """1 s per row and 1 actor only: a smoke test of every row."""
+
+
 EVAL_DEVICES = ("cpu", "cuda")
 
 

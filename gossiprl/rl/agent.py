@@ -1,7 +1,8 @@
 """One PALA/GALA agent: a learner that hands its parameters to gossip after each update.
 
-``train`` is the whole agent in one loop: act n_steps in every env, one update by the learner
-``--algo`` names (``learners``: A2C, PPO), then (every ``gossip_every`` updates)
+``train`` is the whole agent in one loop: take a filled rollout from the learner's source (its
+own envs stepped n_steps, or IMPALA's actors), one update by the learner ``--algo`` names
+(``learners``: A2C, PPO, IMPALA), then (every ``gossip_every`` updates)
 ``gossip.exchange(flat_params)``, which mixes the peers' parameters into ours in place. The loop
 knows nothing about sockets or topologies; any object with that one method will do, and
 ``gossip=None`` is plain single-agent training.
@@ -26,8 +27,6 @@ import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from gossiprl.rl.a2c import Rollout
-from gossiprl.rl.envs import make_env
 from gossiprl.rl.learners import LEARNERS
 from gossiprl.rl.models import flatten_parameters, make_model
 from gossiprl.rl.settings import AgentConfig, thread_plan
@@ -97,7 +96,8 @@ def train(
     launcher can judge the whole swarm (the solve threshold over all agents' last 100
     episodes), and its last gossip's consensus distance (None before its first gossip).
     The summary's ``frames`` and ``run_wall_seconds`` count every session of the run (from the
-    checkpoint's counters), ``wall_seconds`` and ``fps`` only this one.
+    checkpoint's counters), ``wall_seconds`` and ``fps`` only this one; the rollout source's stats
+    (IMPALA's 'impala/policy_lag_mean' ...) are averaged over this session's updates.
     """
     agent_dir = Path(run_dir) / f"agent-{rank}"
     agent_dir.mkdir(parents=True, exist_ok=True)
@@ -121,10 +121,9 @@ def train(
     finished = tally.frames >= cfg.total_frames or (stop is not None and stop.is_set())
     while not finished:
         t0 = time.perf_counter()
-        a.collect()
+        tally.add_source_stats(a.source.next(tally.updates))
         t1 = time.perf_counter()
         losses = a.learner.update(a.model, a.optimizer, a.rollout, a.hp, progress=tally.frames / cfg.total_frames)
-        a.rollout.next_rollout()
         tally.updates += 1
         tally.frames += a.frames_per_update
         t2 = time.perf_counter()
@@ -133,7 +132,7 @@ def train(
             tally.timing["gossip_wait"] += gossip_stats.get("gossip/wait_s", 0.0)
             tally.timing["mix"] += gossip_stats.get("gossip/mix_s", 0.0)
         tally.timed(t0, t1, t2, time.perf_counter())
-        tally.add_episodes(a.envs.pop_episodes())
+        tally.add_episodes(a.source.pop_episodes())
         finished = (
             tally.solved(cfg.stop_at_return) or tally.frames >= cfg.total_frames or (stop is not None and stop.is_set())
         )
@@ -150,7 +149,7 @@ def train(
 
     summary = tally.summary()
     log.close()
-    a.envs.close()
+    a.source.close()
     return summary
 
 
@@ -193,16 +192,17 @@ def resume_checkpoint(checkpoint_path: Path, cfg: AgentConfig) -> dict:
 
 @dataclass
 class _Agent:
-    """What one agent learns with: its envs, network, optimizer and rollout, and its learner."""
+    """What one agent learns with: its rollout source (its envs, or IMPALA's actors), network,
+    optimizer and rollout, and its learner."""
 
     learner: Any
     hp: Any
-    envs: Any
+    source: Any
     model: torch.nn.Module
     flat_params: torch.Tensor
     optimizer: torch.optim.Optimizer
     device: torch.device
-    rollout: Rollout | None = None
+    rollout: Any = None
     frames_per_update: int = 0
 
     @classmethod
@@ -221,50 +221,24 @@ class _Agent:
             # an overlapped round moves the swarm's mean by u / (2 - p_ii): scale u back up (docs/algorithm.md)
             hp = replace(hp, lr=hp.lr * (2.0 - gossip.self_weight))
 
-        envs = make_env(
-            cfg.env_id,
-            hp.num_envs,
-            int(rng.integers(2**30)),
-            sticky_actions=cfg.sticky_actions,
-            num_threads=threads["env"],
-        )
+        source = learner.make_rollouts(cfg, hp, int(rng.integers(2**30)), threads["env"])
         # The network's initial weights: one draw for the whole swarm (GALA starts every agent from the
         # same parameters, so the first mixes average networks that agree instead of unrelated ones),
         # or the agent's own with shared_init off. Its actions always come from its own stream.
         torch.manual_seed(cfg.seed if cfg.shared_init else int(rng.integers(2**31)))
-        model = make_model(envs.observation_space, envs.action_space).to(device)
+        model = make_model(source.observation_space, source.action_space).to(device)
         torch.manual_seed(int(rng.integers(2**31)))
         flat_params = flatten_parameters(model)
         optimizer = learner.make_optimizer(model, hp)
         if checkpoint:
             model.load_state_dict(checkpoint["model"])
             optimizer.load_state_dict(checkpoint["optimizer"])
-        return cls(learner, hp, envs, model, flat_params, optimizer, device)
+        return cls(learner, hp, source, model, flat_params, optimizer, device)
 
     def start_rollout(self) -> None:
-        """Reset the envs into the first rollout, once the parameters are what training starts from."""
-        first_obs = torch.from_numpy(self.envs.reset())
-        hp = self.hp
-        self.rollout = Rollout(hp.n_steps, hp.num_envs, first_obs.shape[1:], first_obs.dtype, self.device)
-        self.rollout.obs[0].copy_(first_obs)
-        self.frames_per_update = hp.n_steps * hp.num_envs * self.envs.frames_per_step
-
-    def collect(self) -> None:
-        """Act n_steps in every env into the rollout."""
-        model, rollout, device, hp = self.model, self.rollout, self.device, self.hp
-        for step in range(hp.n_steps):
-            with torch.inference_mode():
-                logits, _ = model(rollout.obs[step])
-                actions = sample(logits)
-            obs, rewards, dones, (cut, final_obs) = self.envs.step(actions.cpu().numpy())
-            rollout.actions[step] = actions
-            rollout.obs[step + 1].copy_(torch.from_numpy(obs))
-            rollout.rewards[step].copy_(torch.from_numpy(rewards))
-            rollout.dones[step].copy_(torch.from_numpy(dones))
-            if len(cut):  # time limit: bootstrap from the state the episode was cut in
-                with torch.no_grad():
-                    _, cut_values = model(torch.from_numpy(final_obs).to(device))
-                rollout.truncation_bonus(step, torch.from_numpy(cut).to(device), cut_values, hp)
+        """Start the rollout source, once the parameters are what training starts from."""
+        self.rollout = self.source.start(self.model, self.flat_params, self.device)
+        self.frames_per_update = self.source.frames_per_update
 
     def check_finite(self, rank: int, updates: int) -> None:
         if not bool(torch.isfinite(self.flat_params).all()):
@@ -300,6 +274,10 @@ class Tally:
     )
     returns_since_log: list = field(default_factory=list)
     returns_since_report: list = field(default_factory=list)
+    source_stats: dict = field(default_factory=dict)
+    """The rollout source's stats of the last update (IMPALA's policy lag, queue depth ...)."""
+    source_totals: dict = field(default_factory=dict)
+    """Each source stat summed over this session's updates, for the summary."""
     steady: tuple | None = None
     """(clock, frames, timing) once WARMUP_UPDATES are done: start-up and the peers' arrival left out."""
     start_time: float = 0.0
@@ -334,6 +312,11 @@ class Tally:
             self.steady = (t3, self.frames, dict(self.timing))
         self.last_update_end = t3
 
+    def add_source_stats(self, stats: dict) -> None:
+        self.source_stats = stats
+        for key, value in stats.items():
+            self.source_totals[key] = self.source_totals.get(key, 0.0) + value
+
     def add_episodes(self, finished) -> None:
         for episode_return, _ in finished:
             self.recent_returns.append(episode_return)
@@ -360,6 +343,7 @@ class Tally:
             "mean_return_100": float(np.mean(self.recent_returns)) if self.recent_returns else None,
             "fps": (self.frames - self.last_log_frames) / max(now - self.last_log_time, 1e-9),
             **{k: float(v) for k, v in losses.items()},
+            **self.source_stats,
             **gossip_stats,
         }
         self.last_log_time, self.last_log_frames = now, self.frames
@@ -400,6 +384,7 @@ class Tally:
             **{f"{k}_share": v / max(wall, 1e-9) for k, v in self.timing.items()},
             **{f"{k}_s": v for k, v in self.timing.items()},
             **steady_figures(self.steady, self.last_update_end, self.frames, self.timing),
+            **{key: total / max(self.updates - self.start_updates, 1) for key, total in self.source_totals.items()},
         }
 
 
@@ -414,13 +399,6 @@ def steady_figures(steady, until: float, frames: int, timing: dict[str, float]) 
         "steady_fps": (frames - frames_then) / wall,
         **{f"steady_{k}_share": (v - timing_then[k]) / wall for k, v in timing.items()},
     }
-
-
-def sample(logits: torch.Tensor) -> torch.Tensor:
-    """One action per row from softmax(logits), by the Gumbel-max trick: argmax(logits + Gumbel
-    noise) is distributed as the softmax, in three elementwise ops and no normalisation (0.14 ms
-    less per step of 16 envs than softmax + multinomial on one thread)."""
-    return (logits - torch.empty_like(logits).exponential_().log()).argmax(-1)
 
 
 def pick_device(device: str, rank: int) -> torch.device:
