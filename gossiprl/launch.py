@@ -302,14 +302,8 @@ class Swarm:
     agents to stop, joins them and closes the broker."""
 
     def __init__(self, cfg: SwarmConfig, agent_cfg, run_dir: Path, resume: bool, load: HostLoad, echo):
-        self.cfg, self.agent_cfg, self.run_dir, self.resume, self.load, self.echo = (
-            cfg,
-            agent_cfg,
-            run_dir,
-            resume,
-            load,
-            echo,
-        )
+        self.cfg, self.agent_cfg, self.load = cfg, agent_cfg, load
+        self.run_dir, self.resume, self.echo = run_dir, resume, echo
         self._ctx = mp.get_context("spawn")
         self.stop, self.reports = _LauncherStop(self._ctx), _Reports()
         self.progress = Progress(cfg.agents)
