@@ -131,6 +131,7 @@ def _start_broker(cfg: BrokerConfig, topo, swarm: dict):
             curve=cfg.curve,
             insecure=cfg.insecure,
             data_plane=swarm["data_plane"],
+            max_payload_bytes=cfg.max_payload_mib << 20,
         )
     except (ValueError, OSError) as err:  # a non-loopback bind without keys; a missing or malformed key
         raise click.ClickException(str(err)) from None
@@ -372,22 +373,25 @@ def bench_comms(agents, params, rounds, transport, json_path, planes_only):
 
 @bench.command("mix")
 @config.Settings("bench mix", config.settings_of(Letter), config.settings_of(BenchMix)).options
-def bench_mix(params, reps):
+def bench_mix(params, reps, cpu_time):
     """Mixing one letter in against a plain axpy over the same bytes, timed alternately in one run."""
     from .bench import comms as bc
 
+    clock = time.thread_time if cpu_time else time.perf_counter
     rows = []
     for cache in ("hot", "cold"):
-        rows.append((f"numpy array, {cache}", bc.measure_mix(params, reps, cold=cache == "cold")))
+        cold = cache == "cold"
+        rows.append((f"numpy array, {cache}", bc.measure_mix(params, reps, cold=cold, clock=clock)))
         try:
             rows.append(
-                (f"torch CPU tensor, {cache}", bc.measure_mix(params, reps, torch_tensor=True, cold=cache == "cold"))
+                (f"torch CPU tensor, {cache}", bc.measure_mix(params, reps, torch_tensor=True, cold=cold, clock=clock))
             )
         except ImportError:
             pass
     click.echo(
-        f"{params:,} float32 = {params * 4 / 1e6:.2f} MB, median of {reps}; hot: one pair of arrays that "
-        f"stays in cache, cold: pairs over {bc.COLD_BYTES >> 20} MiB, as a letter that has just arrived"
+        f"{params:,} float32 = {params * 4 / 1e6:.2f} MB, median of {reps} ({'CPU' if cpu_time else 'wall'} time); "
+        f"hot: one pair of arrays that stays in cache, cold: pairs over {bc.COLD_BYTES >> 20} MiB, as a letter "
+        "that has just arrived"
     )
     for label, r in rows:
         click.echo(

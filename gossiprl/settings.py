@@ -232,6 +232,9 @@ class BenchComms:
 class BenchMix:
     reps: int = field(default=50, metadata={"min": 1})
     """Mixes timed; the median is shown."""
+    cpu_time: bool = field(default=False, metadata={"switch": True})
+    """Time with this thread's CPU clock, which preemption on a loaded host does not inflate (BLAS
+    threads are not counted: set OPENBLAS_NUM_THREADS=1)."""
 
 
 @dataclass

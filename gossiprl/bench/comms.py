@@ -279,7 +279,13 @@ def run(
     return result
 
 
-def measure_mix(numel: int = NATURE_CNN_PARAMS, reps: int = 50, torch_tensor: bool = False, cold: bool = False) -> dict:
+def measure_mix(
+    numel: int = NATURE_CNN_PARAMS,
+    reps: int = 50,
+    torch_tensor: bool = False,
+    cold: bool = False,
+    clock=time.perf_counter,
+) -> dict:
     """Median seconds of mix() of one letter against a plain axpy (x += m; x *= 0.5) over the same bytes.
 
     The two are timed alternately in one loop, so both see the same cache and load; the mix is
@@ -288,7 +294,8 @@ def measure_mix(numel: int = NATURE_CNN_PARAMS, reps: int = 50, torch_tensor: bo
     their own, untimed, as an agent's update moves them (the bound's drift cap measures it; a
     still agent would time the cap's cut-back sweep instead). Hot, both work on one pair of arrays
     that stays in the CPU's caches; ``cold`` rotates over pairs filling COLD_BYTES, so each call
-    meets its bytes in main memory, as an agent meets a letter that has just arrived.
+    meets its bytes in main memory, as an agent meets a letter that has just arrived. ``clock``:
+    time.thread_time counts only this thread's CPU time, which a loaded host's preemption does not inflate.
     """
     from ..comms.gossip import DeviationBound, mix
 
@@ -312,12 +319,12 @@ def measure_mix(numel: int = NATURE_CNN_PARAMS, reps: int = 50, torch_tensor: bo
         own += update
         own = as_own(own)
         x, m = pairs[(2 * i + 1) % count]
-        t0 = time.perf_counter()
+        t0 = clock()
         mix({"p": own}, {1: {"p": letter}}, {0: 0.5, 1: 0.5}, 0, bound=bound)
-        t1 = time.perf_counter()
+        t1 = clock()
         x += m
         x *= 0.5
-        t2 = time.perf_counter()
+        t2 = clock()
         mix_s.append(t1 - t0)
         axpy_s.append(t2 - t1)
     mix_t, axpy_t = statistics.median(mix_s[3:]), statistics.median(axpy_s[3:])

@@ -191,7 +191,9 @@ class Broker:
         identity, body = frames[0].bytes, frames[1:]
         seq = None
         try:
-            msg = _request(body, identity in self.registry.by_identity, self.max_payload_bytes)
+            registered = identity in self.registry.by_identity
+            limit = self.registry.header_limit() if registered else MAX_HELLO_BYTES
+            msg = _request(body, registered, limit, self.max_payload_bytes)
             seq = msg.get("seq")
             if msg.cmd == wire.HELLO:
                 key = body[0].get("User-Id") if self._curve is not None else None  # set by our ZAP handler
@@ -244,8 +246,11 @@ class Broker:
 
     def _on_publish(self, peer: Peer, msg: wire.Message) -> None:
         """Check the letter against the swarm's schema before it is kept, then hand it to the locks."""
+        tensors = msg.get("tensors")
+        if isinstance(tensors, list):
+            self.registry.check_tensor_count(len(tensors))
         wire.decode_payload(msg, self.max_payload_bytes)
-        self.registry.pin_schema(tuple(spec.schema_key for spec in msg.specs))
+        self.registry.pin_schema(tuple(spec.schema_key for spec in msg.specs), msg.header_bytes)
         nbytes = sum(spec.nbytes for spec in msg.specs) if msg.frames else 0  # a reference alone moves no bytes here
         header = {"tensors": msg["tensors"], **({"ref": msg["ref"]} if "ref" in msg.header else {})}
         replies = self.locks.publish(peer.rank, msg["seq"], msg["round"], header, msg.frames, nbytes, time.monotonic())
@@ -318,7 +323,8 @@ class _Sockets:
             curve.apply(sock)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, max_payload_bytes + wire.MAX_HEADER_BYTES)
+        # A frame is a header or one tensor: a larger one drops its connection before ZeroMQ buffers it.
+        sock.setsockopt(zmq.MAXMSGSIZE, max(max_payload_bytes, wire.MAX_HEADER_BYTES))
         sock.setsockopt(zmq.SNDHWM, max_queued_replies)
         sock.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
         sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
@@ -415,15 +421,20 @@ class _Outbox:
         return None
 
 
-def _request(body: list, registered: bool, max_payload_bytes: int) -> wire.Message:
+def _request(body: list, registered: bool, header_limit: int | None, max_payload_bytes: int) -> wire.Message:
     """A request's header, after PROTOCOL.md's checks 1-8, cheapest first: nothing of an unregistered
-    peer's is read past a small header, and no payload frame is looked at here."""
+    peer's is read past a small header, nor of a member's past what the swarm's letters need
+    (``header_limit``, None before they set it), and no payload frame is looked at here."""
     if sum(len(f) for f in body) > max_payload_bytes + wire.MAX_HEADER_BYTES:
         raise wire.WireError(f"message over the {max_payload_bytes}-byte payload limit", "too-large")
-    if not registered and body and len(body[0]) > MAX_HELLO_BYTES:
+    if body and header_limit is not None and len(body[0]) > header_limit:
+        if not registered:
+            raise wire.WireError(
+                f"not registered: send HELLO first (until then, headers over {MAX_HELLO_BYTES} bytes are not read)",
+                "not-registered",
+            )
         raise wire.WireError(
-            f"not registered: send HELLO first (until then, headers over {MAX_HELLO_BYTES} bytes are not read)",
-            "not-registered",
+            f"header of {len(body[0])} bytes; this swarm's requests need at most {header_limit}", "too-large"
         )
     msg = wire.decode_header(body, max_payload_bytes)
     if msg.cmd not in wire.CLIENT_COMMANDS:

@@ -258,7 +258,10 @@ class GossipClient:
         schema, buffers = pack(tensors, self.codec, self._stager)
         nbytes = sum(spec["nbytes"] for spec in schema)
         if self.max_payload is not None and nbytes > self.max_payload:  # the broker would drop the connection
-            raise ValueError(f"{nbytes} bytes of tensors in one letter; the broker takes at most {self.max_payload}")
+            raise ValueError(
+                f"{nbytes} bytes of tensors in one letter; the broker takes at most {self.max_payload} "
+                "(start it with a larger --max-payload-mib)"
+            )
         return (wire.PUBLISH, {"round": self.round, "tensors": schema}, buffers)
 
     def _collect_request(self):

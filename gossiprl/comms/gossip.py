@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -91,8 +92,8 @@ class DeviationBound:
     bound: one pulling a tenth of |x| every round in one direction dragged a swarm 8,360 |x|,
     and an all-zero one collapsed its neighbours towards zero, with nothing dropped (the recent
     distances it is judged by are its own). So the bound also keeps the trailing sum of what
-    mixing did to us, M <- (1 - 1/WINDOW) M + delta (delta: this mix's displacement), and cuts a
-    round's pull (every letter's alike, ``MixResult.pull``) so that |M| stays within DRIFT times
+    mixing did to us, M <- M + delta (delta: this mix's displacement; M decays by 1 - 1/WINDOW
+    per mix), and cuts a round's pull (every letter's alike, ``MixResult.pull``) so that |M| stays within DRIFT times
     our own recent step: the median distance our own updates moved us between mixes, measured
     on SAMPLE coordinates. Honest mixing pulls to and fro, undoing what the agents' noisy steps
     spread apart, so M stays a few steps long; a steady pull fills it and then moves us by at
@@ -108,7 +109,10 @@ class DeviationBound:
     NORM_EVERY = 64
     """After warm-up |x| only sets the floor, so it is measured once every this many mixes."""
     WINDOW = 256
-    """Rounds the trailing sum of pulls remembers (its decay is 1 - 1/WINDOW)."""
+    """Rounds the trailing sum of pulls remembers (its decay is 1 - 1/WINDOW per mix)."""
+    DECAY_EVERY = 16
+    """The decay is applied as (1 - 1/WINDOW)^16 once every 16 mixes, so that in between a mix adds its
+    displacement to M as it is, block by block with our parameters, with no multiply of its own."""
     DRIFT = 128.0
     """How many of our own steps long the trailing sum of pulls may grow. Honest agents' sums reached
     19-20 steps at the median and 54 at most (a ring of 4 on CartPole, up to 625 rounds each); this leaves
@@ -129,16 +133,18 @@ class DeviationBound:
         self.numel = 0
         self.clipped = 0
         self.trail: dict[str, Any] | None = None
-        """M / trail_scale, the trailing sum of pulls, one accumulator per tensor (in at least float32).
-        Decaying the scale rather than the sum spares a pass over memory each mix."""
-        self.trail_scale = 1.0
+        """M, the trailing sum of pulls, one accumulator per tensor (in at least float32)."""
         self.trail_sq = 0.0
         """|M|^2."""
         self._mixes = 0
+        self._since_decay = 0
         self._shapes: dict[str, tuple] = {}
         self._last: dict[str, Any] | None = None
         """The sampled coordinates of our parameters as the last mix left them."""
         self._weights: dict[str, float] = {}
+        self.stride = 1
+        self._swept: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+        self._stepped = False
 
     def wants_norm(self) -> bool:
         self._mixes += 1
@@ -150,66 +156,93 @@ class DeviationBound:
     def limit(self, own_norm: float | None) -> float:
         if own_norm is not None:
             self.own_norm = own_norm
-        scale = float(np.median(self.recent)) if len(self.recent) >= self.warmup else self._scale()
+        scale = statistics.median(self.recent) if len(self.recent) >= self.warmup else self._scale()
         return self.factor * max(scale, self.FLOOR * self._scale())
 
     def accept(self, distances: Sequence[float]) -> None:
         self.recent.extend(distances)
 
-    def begin(self, own: Mapping[str, Any]) -> None:
-        """Before a mix: start afresh on parameters of another schema, and note how far our own
-        update moved us since the last mix."""
+    def begin(self, own: Mapping[str, Any], views: Mapping[str, np.ndarray] | None = None) -> None:
+        """Before a mix: start afresh on parameters of another schema, decay the trailing sum when it
+        is due, and note how far our own update moved us since the last mix. With ``views`` (the
+        fused mean's flat arrays) that is left to the sweep, which samples each block in cache."""
         shapes = {name: tuple(x.shape) for name, x in own.items()}
         if shapes != self._shapes:
             self._shapes, self.numel = shapes, sum(math.prod(s) for s in shapes.values())
-            self.trail, self.trail_scale, self.trail_sq, self._last = None, 1.0, 0.0, None
+            self.trail, self.trail_sq, self._last, self._since_decay = None, 0.0, None, 0
             self.steps.clear()
-            stride = max(1, self.numel // self.SAMPLE)
-            self._weights = {name: math.prod(s) / max(1, -(-math.prod(s) // stride)) for name, s in shapes.items()}
+            self.stride = max(1, self.numel // self.SAMPLE)
+            self._weights = {
+                name: math.prod(s) / len(range(0, math.prod(s), self.stride)) for name, s in shapes.items()
+            }
             """Each sampled coordinate stands for this many of its tensor's."""
+            self._swept = None
         if self.trail is None:
             self.trail = {name: accumulator(x) for name, x in own.items()}
-        if self._last is not None:
-            sample = self._sample(own)
-            sq = sum(w * squared_norm(sample[name] - self._last[name]) for name, w in self._weights.items())
+        self._since_decay += 1
+        if self._since_decay == self.DECAY_EVERY:
+            decay = (1 - 1 / self.WINDOW) ** self.DECAY_EVERY
+            for m in self.trail.values():
+                view = flat_view(m)  # numpy's multiply where there is one: torch's may wake its thread pool
+                if view is None:
+                    m *= decay
+                else:
+                    view *= decay
+            self.trail_sq *= decay * decay
+            self._since_decay = 0
+        self._stepped = False
+        if views is None:
+            self.note_step(self._sample(own))
+
+    def sweep_samples(self, views: Mapping[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Buffers the sweep fills with our sampled coordinates before and after its update."""
+        if self._swept is None:
+            count = {name: len(range(0, x.size, self.stride)) for name, x in views.items()}
+            self._swept = {
+                name: (np.empty(count[name], x.dtype), np.empty(count[name], x.dtype)) for name, x in views.items()
+            }
+        return self._swept
+
+    def note_step(self, before: Mapping[str, Any]) -> None:
+        """Our parameters' sample before this mix: how far our own update moved us since the last one."""
+        self._stepped = True
+        last = self._last
+        if last is not None and all(type(before[name]) is type(last[name]) for name in self._weights):
+            sq = sum(w * squared_norm(before[name] - last[name]) for name, w in self._weights.items())
             self.steps.append(sq**0.5)
 
-    def end(self, own: Mapping[str, Any]) -> None:
-        """After a mix (or a round whose letters were all dropped): remember where it left us."""
-        self._last = self._sample(own)
+    def end(self, own: Mapping[str, Any], swept: bool = False) -> None:
+        """After a mix (or a round whose letters were all dropped): remember where it left us, from
+        the sweep's samples when its update stands as it wrote it (``swept``), else sampled afresh."""
+        if swept:
+            self._last = {name: after.copy() for name, (_, after) in self._swept.items()}
+            return
+        sample = self._sample(own)
+        if not self._stepped:  # a fused mix that wrote nothing: we are where the update left us
+            self.note_step(sample)
+        self._last = sample
 
     def _sample(self, own: Mapping[str, Any]) -> dict[str, Any]:
         """Every stride-th coordinate of each tensor, copied (a few thousand in all)."""
-        stride = max(1, self.numel // self.SAMPLE)
-        return {name: copy_of(x.reshape(-1)[::stride]) for name, x in own.items()}
-
-    def decayed_scale(self) -> float:
-        """trail_scale after this round's decay (pull commits it); the sum is rescaled once it is small."""
-        if self.trail_scale < 1e-3:
-            for m in self.trail.values():
-                m *= self.trail_scale
-            self.trail_scale = 1.0
-        return self.trail_scale * (1 - 1 / self.WINDOW)
+        return {name: copy_of(x.reshape(-1)[:: self.stride]) for name, x in own.items()}
 
     def cap(self) -> float:
         """How long the trailing sum of pulls may grow: DRIFT of our own recent steps."""
         if not self.steps:
             return self.FLOOR * self._scale()
-        return self.DRIFT * max(float(np.median(self.steps)), self.STILL * self._scale())
+        return self.DRIFT * max(statistics.median(self.steps), self.STILL * self._scale())
 
-    def pull(self, cross: float, delta_sq: float, scale: float) -> float:
+    def pull(self, cross: float, delta_sq: float) -> float:
         """The largest share t in [0, 1] of this round's displacement delta that keeps the trailing
-        sum a + t delta within the cap, a = (1 - 1/WINDOW) M and ``cross`` = <a, delta> (when a is
-        already longer, a pull may only shorten it). Commits |M|^2 for that share and the decayed scale."""
-        a_sq = self.trail_sq * (1 - 1 / self.WINDOW) ** 2
-        limit_sq = max(self.cap() ** 2, a_sq)
+        sum M + t delta within the cap, ``cross`` = <M, delta> (when M is already longer, a pull may
+        only shorten it). Commits |M|^2 for that share."""
+        limit_sq = max(self.cap() ** 2, self.trail_sq)
         t = 1.0
-        if delta_sq > 0 and a_sq + 2 * cross + delta_sq > limit_sq:
-            disc = max(0.0, cross * cross - delta_sq * (a_sq - limit_sq))
+        if delta_sq > 0 and self.trail_sq + 2 * cross + delta_sq > limit_sq:
+            disc = max(0.0, cross * cross - delta_sq * (self.trail_sq - limit_sq))
             t = min(1.0, max(0.0, (-cross + math.sqrt(disc)) / delta_sq))
             self.clipped += 1
-        self.trail_sq = max(0.0, a_sq + 2 * t * cross + t * t * delta_sq)  # >= 0 whatever rounding did
-        self.trail_scale = scale
+        self.trail_sq = max(0.0, self.trail_sq + 2 * t * cross + t * t * delta_sq)  # >= 0 whatever rounding did
         return t
 
 
@@ -291,8 +324,10 @@ def mix(
             dropped.append(peer)
     views = _flat_numpy(own) if aggregate == "mean" and weights.get(rank, 0.0) > 0 else None
     result = MixResult(0, dropped, float("nan"))  # NaN, not 0.0, which would read as perfect agreement
+    flat = dict(views) if views is not None else None
     if bound is not None:
-        bound.begin(own)
+        bound.begin(own, flat)
+    swept = False
     while usable:
         total = weights[rank] + sum(weights[j] for j in usable)
         w_self, w_peers = weights[rank] / total, {j: weights[j] / total for j in usable}
@@ -307,11 +342,12 @@ def mix(
             if bound is not None:
                 bound.accept([found.sq[j] ** 0.5 for j in usable])
             result = MixResult(len(usable), dropped, found.consensus_sq**0.5 / (1.0 - w_self), pull=found.pull)
+            swept = flat is not None and found.pull == 1
             break
         dropped.extend(found.bad)
         usable = {j: m for j, m in usable.items() if j not in found.bad}
     if bound is not None:
-        bound.end(own)
+        bound.end(flat if flat is not None else own, swept)
     if dropped:
         log.warning(
             "rank %d: dropped letters from %s (non-finite, beyond the deviation bound, or wrong schema)", rank, dropped
@@ -341,26 +377,27 @@ def _fused_mean(
     """
     found = _Pass({j: 0.0 for j in letters})
     limit_sq = math.inf
-    trail, scale = None, 1.0
+    trail = samples = None
     if bound is not None:
         norm = math.sqrt(sum(float(np.dot(x, x)) for _, x in views)) if bound.wants_norm() else None
         limit_sq = bound.limit(norm) ** 2
-        scale = bound.decayed_scale()
         trail = {name: flat_view(m) for name, m in bound.trail.items()}
+        samples = (bound.stride, bound.sweep_samples(dict(views)))
     done: list[tuple[str, int, int]] = []
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is how a letter of 1e30 shows itself
-        _sweep(views, letters, w_peers, check_finite, limit_sq, found, done, trail, scale)
+        _sweep(views, letters, w_peers, check_finite, limit_sq, found, done, trail, samples)
     if found.bad or found.own_bad:
-        _restore(views, letters, done, w_self, w_peers, trail, scale)
+        _restore(views, letters, done, w_self, w_peers, trail)
     elif bound is not None:
-        found.cross = scale * scale * found.cross - found.consensus_sq  # <M', delta> - |delta|^2
-        found.pull = bound.pull(found.cross, found.consensus_sq, scale)
+        bound.note_step({name: before for name, (before, _) in samples[1].items()})
+        found.cross -= found.consensus_sq  # <M + delta, delta> - |delta|^2
+        found.pull = bound.pull(found.cross, found.consensus_sq)
         if found.pull < 1:
-            _restore(views, letters, done, w_self, w_peers, trail, scale, keep=found.pull)
+            _restore(views, letters, done, w_self, w_peers, trail, keep=found.pull)
     return found
 
 
-def _sweep(views, letters, w_peers, check_finite, limit_sq: float, found: _Pass, done: list, trail, scale) -> None:
+def _sweep(views, letters, w_peers, check_finite, limit_sq: float, found: _Pass, done: list, trail, samples) -> None:
     for name, x in views:
         step = np.empty(min(CHUNK, x.size), np.promote_types(x.dtype, np.float32))
         total = np.empty_like(step) if len(letters) > 1 else None
@@ -390,16 +427,23 @@ def _sweep(views, letters, w_peers, check_finite, limit_sq: float, found: _Pass,
             delta = d if total is None else total[: b - a]
             if total is not None:
                 found.consensus_sq += float(np.dot(delta, delta))
+            if samples is not None:  # our sampled coordinates before and after, while the block is in cache
+                stride, (before, after) = samples[0], samples[1][name]
+                first = -a % stride
+                k = (a + first) // stride
+                sampled = xc[first::stride]
+                before[k : k + sampled.size] = sampled
             np.add(xc, delta, out=xc, casting="unsafe")
-            if trail is not None:  # M' = M + delta, kept as trail' = trail + delta / scale'
+            if samples is not None:
+                after[k : k + sampled.size] = sampled
+            if trail is not None:
                 mc = trail[name][a:b]
-                np.multiply(delta, 1 / scale, out=delta)
                 np.add(mc, delta, out=mc)
-                found.cross += float(np.dot(mc, delta))  # <M', delta> / scale'^2, on blocks still in cache
+                found.cross += float(np.dot(mc, delta))  # <M + delta, delta>, on blocks still in cache
             done.append((name, a, b))
 
 
-def _restore(views, letters, done, w_self: float, w_peers: dict[int, float], trail, scale, keep: float = 0.0) -> None:
+def _restore(views, letters, done, w_self: float, w_peers: dict[int, float], trail, keep: float = 0.0) -> None:
     """Undo the sweep on the blocks it wrote, trailing sum included; or, with ``keep`` > 0, keep
     that share of the pull: x = x_old + keep * delta."""
     xs = dict(views)
@@ -413,7 +457,7 @@ def _restore(views, letters, done, w_self: float, w_peers: dict[int, float], tra
         if keep:
             xc += keep * delta
         if trail is not None:
-            trail[name][a:b] -= (1 - keep) / scale * delta
+            trail[name][a:b] -= (1 - keep) * delta
 
 
 def _careful(
@@ -458,11 +502,10 @@ def _careful(
             value = _robust(aggregate, [x, *ms.values()])
         deltas[name] = value - x
     if bound is not None:
-        scale = bound.decayed_scale()
-        cross = sum(scale * inner(bound.trail[name], d) for name, d in deltas.items())
-        found.pull = bound.pull(cross, sum(squared_norm(d) for d in deltas.values()), scale)
+        cross = sum(inner(bound.trail[name], d) for name, d in deltas.items())
+        found.pull = bound.pull(cross, sum(squared_norm(d) for d in deltas.values()))
         for name, d in deltas.items():
-            bound.trail[name] += (found.pull / scale) * d
+            bound.trail[name] += found.pull * d
     for name, x in own.items():
         assign(x, x + found.pull * deltas[name])
     return found

@@ -36,6 +36,12 @@ class Peer:
 class Registry:
     """The ranks of one swarm and the connections that hold them."""
 
+    SLACK = 16384
+    """Header bytes a request may have beyond the letter that set the schema: its seq and round, a
+    data-plane ``ref`` (at most 16 fields of 256 characters) and a command's own small fields."""
+    TENSOR_SLACK = 32
+    """Header bytes one tensor's spec may differ by between agents (a codec's dtype and ``as``)."""
+
     def __init__(self, n: int, digest: str, peer_timeout: float):
         if (
             isinstance(peer_timeout, bool)
@@ -53,6 +59,8 @@ class Registry:
         self.schema: tuple | None = None
         """The tensor schema of the registered peers' letters: set by the first letter, forgotten
         when the last peer leaves, so one stray publisher cannot bind later swarms."""
+        self.letter_header = 0
+        """The header bytes of the letter that set the schema: what a request of this swarm may need."""
 
     def rank(self, value) -> int:
         """``value`` as one of this swarm's ranks (numpy ints too, not 1.0, "1" or True), else ValueError."""
@@ -124,7 +132,7 @@ class Registry:
         self._unbind(peer)
         if self.by_identity:
             return False
-        self.schema = None
+        self.schema, self.letter_header = None, 0
         return True
 
     def _unbind(self, peer: Peer) -> None:
@@ -140,7 +148,7 @@ class Registry:
         deadline = now - self.peer_timeout
         return [p for p in list(self.by_identity.values()) if p.last_seen < deadline]
 
-    def pin_schema(self, schema: tuple) -> None:
+    def pin_schema(self, schema: tuple, header_bytes: int) -> None:
         """Accept a letter's schema only if it is the swarm's (the first letter's): names, dtypes, shapes."""
         if self.schema is not None and schema != self.schema:
             raise WireError(
@@ -148,7 +156,26 @@ class Registry:
                 "(names, dtypes and shapes must match)",
                 "schema-mismatch",
             )
-        self.schema = schema
+        if self.schema is None:
+            self.schema, self.letter_header = schema, header_bytes
+
+    def check_tensor_count(self, count: int) -> None:
+        """A letter must carry the swarm's number of tensors: refused before its schema is parsed."""
+        if self.schema is not None and count != len(self.schema):
+            raise WireError(
+                f"tensor schema of {count} tensors differs from the swarm's {describe(self.schema)}",
+                "schema-mismatch",
+            )
+
+    def header_limit(self) -> int | None:
+        """The largest header a member of this swarm needs, once its schema is set (None before): the
+        letter that set it, plus what a letter's fields may add (SLACK bytes, TENSOR_SLACK per tensor
+        for another codec's spec, 9 per rank for a COLLECT's ``unreachable``). A registered peer's
+        larger header is refused before it is decoded: 4,096-spec PUBLISHes cost the broker 37 ms of
+        decoding and parsing each."""
+        if self.schema is None:
+            return None
+        return self.letter_header + self.TENSOR_SLACK * len(self.schema) + 9 * self.n + self.SLACK
 
     def done(self) -> bool:
         """Whether every rank has registered and then left with BYE: the swarm has finished.

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .wire import DEFAULT_MAX_PAYLOAD_BYTES
+
 PEER_TIMEOUT_S = 60.0
 """Seconds of silence after which a broker declares an agent gone."""
 
@@ -60,6 +62,9 @@ class BrokerConfig:
     insecure: bool = field(default=False, metadata={"switch": True})
     """Bind a tcp address without CURVE keys: every user of this host (and, beyond loopback, of the
     network) can then join the swarm. Only on a host and network you trust."""
+    max_payload_mib: int = field(default=64, metadata={"min": 1, "max": DEFAULT_MAX_PAYLOAD_BYTES >> 20})
+    """The largest letter the broker takes, in MiB (64 MiB: a 16M-parameter float32 model). A frame
+    larger than this, or than a 1 MiB header, drops its connection before ZeroMQ buffers it."""
     metrics_port: int | None = field(default=None, metadata={"min": 0, "max": 65535})
     """Serve the broker's stats over HTTP on this port (at --metrics-bind; `gossiprl run`'s broker
     at 127.0.0.1): /metrics (Prometheus) and /stats (for `gossiprl top`)."""

@@ -112,6 +112,8 @@ class Message:
     header: dict
     frames: list = field(default_factory=list)
     specs: list[TensorSpec] = field(default_factory=list)
+    header_bytes: int = 0
+    """The length of the header frame as it came."""
 
     def __getitem__(self, key: str) -> Any:
         return self.header[key]
@@ -397,7 +399,7 @@ def _validate(header: dict, frames: Sequence, max_payload: int) -> Message:
             f"replies: {', '.join(BROKER_COMMANDS)}",
             "unknown-command",
         )
-    msg = Message(cmd, header, list(frames[1:]))
+    msg = Message(cmd, header, list(frames[1:]), header_bytes=_frame_len(frames[0]))
     # seq is nil only in an ERROR about a request that could not be read, and optional on HELLO, PING, BYE
     _need_int(header, "seq", cmd, 0, optional=cmd not in (PUBLISH, COLLECT))
     if cmd == HELLO:

@@ -263,6 +263,12 @@ def test_bench_mix_prints_mix_and_axpy_from_one_run():
     assert [("hot" in line, "cold" in line) for line in lines] == [(True, False)] * 2 + [(False, True)] * 2
 
 
+def test_bench_mix_on_cpu_time_says_so():
+    result = invoke("bench", "mix", "--params", 50000, "--reps", 3, "--cpu-time")
+    assert result.exit_code == 0, result.output
+    assert "(CPU time)" in result.output and sum("axpy" in line for line in result.output.splitlines()) == 4
+
+
 @pytest.mark.timeout(300)
 def test_bench_train_quick_measures_every_row_in_one_run(tmp_path):
     out = tmp_path / "bench.json"

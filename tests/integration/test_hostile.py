@@ -399,3 +399,33 @@ def test_declare_gone_takes_numpy_ints_and_refuses_the_rest(ring2):
     for bad in (2, -1, 1.0, "1", True):
         with pytest.raises(ValueError, match="rank must be an int from 0 to 1"):
             ring2.declare_gone(bad)
+
+
+@pytest.mark.timeout(20)
+def test_a_member_s_outsized_publishes_are_refused_before_their_schema_is_parsed(ring2, monkeypatch):
+    """B6: each 4,096-spec PUBLISH of a registered peer cost the broker 37 ms of decoding and parsing,
+    and a flood of them cut a legitimate pair's exchanges about tenfold. Once the swarm's letters have
+    set the schema, a header larger than any member needs is refused before it is decoded, and a
+    schema of another length before it is parsed."""
+    parsed = []
+    parse = wire.parse_specs
+    monkeypatch.setattr(wire, "parse_specs", lambda raw, *rest: parsed.append(len(raw)) or parse(raw, *rest))
+    sock = dealer(ring2)
+    register(sock)
+    assert ask(sock, publish_frames(letter(0, 0, np.zeros(4, np.float32)), 1, 0)).cmd == wire.ACK
+    assert parsed == [2]
+    specs = [{"name": f"t{k}", "dtype": "float32", "shape": [1], "nbytes": 4} for k in range(wire.MAX_TENSORS)]
+    for seq in (2, 3):  # a letter with its frames, and a data-plane one that left them at home
+        frames = [head("PUBLISH", seq=seq, round=1, tensors=specs), *[b"\0" * 4] * (len(specs) if seq == 2 else 0)]
+        assert_error(ask(sock, frames), "too-large", seq=None, words=("need at most",))
+    few = specs[:200]  # a header no larger than a member's may be, with a schema of another length
+    assert_error(
+        ask(sock, [head("PUBLISH", seq=4, round=1, tensors=few), *[b"\0" * 4] * len(few)]),
+        "schema-mismatch",
+        seq=4,
+        words=("200 tensors",),
+    )
+    assert parsed == [2], "an outsized schema was parsed"
+    leave(sock)
+    sock.close(linger=0)
+    assert_pair_gossips(ring2)

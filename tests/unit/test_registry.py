@@ -83,7 +83,7 @@ def test_leaving_records_bye_and_the_last_to_leave_forgets_the_schema():
     reg = Registry(2, DIGEST, peer_timeout=10.0)
     hello(reg, b"a", 0, 0.0)
     hello(reg, b"b", 1, 0.0)
-    reg.pin_schema(SCHEMA)
+    reg.pin_schema(SCHEMA, 100)
     assert reg.leave(reg.peers[0], bye=True) is False and reg.schema == SCHEMA
     assert not reg.done(), "rank 1 is still registered"
     assert reg.leave(reg.peers[1]) is True and reg.schema is None
@@ -105,10 +105,10 @@ def test_a_rank_that_never_came_keeps_the_swarm_unfinished():
 def test_the_first_letter_pins_the_schema_and_a_different_one_is_refused_naming_both():
     reg = Registry(1, DIGEST, peer_timeout=10.0)
     hello(reg, b"a", 0, 0.0)
-    reg.pin_schema(SCHEMA)
+    reg.pin_schema(SCHEMA, 100)
     other = tuple((f"t{k}", "float16", (k,)) for k in range(5))
     with pytest.raises(WireError, match=r"t0:float16\[0\], t1:float16\[1\], t2:float16\[2\], \.\.\.\] \(5 tensors\)"):
-        reg.pin_schema(other)
+        reg.pin_schema(other, 100)
     assert reg.schema == SCHEMA
 
 
@@ -233,7 +233,7 @@ class Connections(RuleBasedStateMachine):
             return
         schema = (("w", "float16" if other else "float32", (2,)),)
         try:
-            self.reg.pin_schema(schema)
+            self.reg.pin_schema(schema, 100)
         except WireError as err:
             assert err.code == "schema-mismatch" and self.reg.schema != schema
             return
@@ -266,3 +266,18 @@ TestConnections = Connections.TestCase
 TestConnections.settings = settings(
     max_examples=80, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+def test_once_the_schema_is_set_it_bounds_a_member_s_header_and_tensor_count():
+    """Issue 19 B6: a registered peer's 4,096-spec PUBLISHes cost the broker 37 ms of parsing each."""
+    reg = Registry(4, DIGEST, peer_timeout=10.0)
+    assert reg.header_limit() is None  # no schema yet: anything the wire limits allow
+    reg.pin_schema(SCHEMA, 300)
+    limit = 300 + Registry.TENSOR_SLACK * len(SCHEMA) + 9 * 4 + Registry.SLACK
+    assert reg.header_limit() == limit
+    reg.pin_schema(SCHEMA, 900)
+    assert reg.header_limit() == limit, "the letter that set the schema sets the limit, not the latest"
+    with pytest.raises(WireError, match=r"schema of 4096 tensors differs from the swarm's \[w:float32") as err:
+        reg.check_tensor_count(4096)
+    assert err.value.code == "schema-mismatch"
+    reg.check_tensor_count(len(SCHEMA))

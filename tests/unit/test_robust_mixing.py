@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from gossiprl.comms import gossip
 from gossiprl.comms.gossip import DeviationBound, mix
 
 N = 8192
@@ -126,3 +127,30 @@ def test_an_agent_with_tiny_parameters_mixes_honest_letters_in(scale):
         assert result.dropped == [] and result.peers == 1
     first_cap = DeviationBound.FLOOR * DeviationBound.UNIT * np.sqrt(N)  # before our own step is known
     assert start - np.linalg.norm(mine - swarm) >= 0.5 * first_cap
+
+
+def test_the_fused_sweep_and_the_measure_first_path_cap_alike(monkeypatch):
+    """The fused mean samples our coordinates inside its sweep and adds to the trailing sum as it
+    writes; the measure-first path (here: a transposed, non-contiguous tensor) does both apart. Under
+    the stealthy peer both must measure the same steps, keep the same sum and cut the same rounds."""
+    monkeypatch.setattr(gossip, "CHUNK", 999)  # blocks that start off the sample grid (every 2nd coordinate)
+    rng = np.random.default_rng(11)
+    x0 = (rng.standard_normal((64, 128)) * 0.1).astype(np.float32)
+    flat, strided = x0.copy(), torch.from_numpy(x0.T.copy()).T  # the same values, one of them not contiguous
+    bounds = [DeviationBound(), DeviationBound()]
+    size = STEP * float(np.linalg.norm(x0))
+    direction = rng.standard_normal(x0.shape) / np.sqrt(x0.size)
+    for _ in range(40):
+        s = rng.standard_normal(x0.shape) * (size / np.sqrt(x0.size))
+        flat += s.astype(np.float32)
+        strided += torch.from_numpy(s.astype(np.float32))
+        results = []
+        for mine, bound in zip((flat, strided), bounds):
+            here = np.asarray(mine)
+            letter = {1: {"p": (here + 0.1 * np.linalg.norm(here) * direction).astype(np.float32)}}
+            results.append(mix({"p": mine}, letter, {0: 0.5, 1: 0.5}, 0, bound=bound))
+        assert results[0].pull == pytest.approx(results[1].pull, abs=1e-4)
+    np.testing.assert_allclose(flat, strided.numpy(), rtol=1e-4, atol=1e-6)
+    assert list(bounds[0].steps) == pytest.approx(list(bounds[1].steps), rel=1e-3)
+    assert bounds[0].trail_sq == pytest.approx(bounds[1].trail_sq, rel=1e-3)
+    assert bounds[0].clipped == bounds[1].clipped > 0
