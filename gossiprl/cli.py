@@ -1,4 +1,9 @@
-"""The `gossiprl` command: a thin click layer over functions you can also import."""
+"""The `gossiprl` command: a thin click layer over functions you can also import.
+
+Every option of every command is generated from the config dataclasses (``gossiprl.settings``
+is the tree; ``gossiprl.config`` makes the flags): the ``*_SETTINGS`` below say which configs
+each command takes. Two options are written by hand: the group's ``-v``, and ``--config``.
+"""
 
 from __future__ import annotations
 
@@ -17,33 +22,63 @@ import click
 import topologies
 
 from . import config
-from .launch import return_target
-
-TOPOLOGY_HELP = f"{', '.join(topologies.NAMES)}, or a .npy/.csv file holding a row-stochastic matrix"
-
-
-TOPOLOGY_SETTINGS = config.Settings(
-    "topology", config.settings_of("swarm", only=("peers", "time_varying", "peers_per_round", "topology_options"))
+from .comms.settings import BrokerConfig, ClientConfig
+from .settings import (
+    TOPOLOGY_OPTIONS,
+    AgentProcess,
+    BenchComms,
+    BenchLearners,
+    BenchMix,
+    BenchScale,
+    BenchTrain,
+    Eval,
+    Figures,
+    KeyPairs,
+    Letter,
+    Plot,
+    RunDir,
+    RunOutput,
+    Top,
+    TopologyShow,
+    TopologyTable,
+    make_topology,
 )
+
+TOPOLOGY_SETTINGS = config.settings_of("swarm", only=TOPOLOGY_OPTIONS)
 """The flags every command that builds a topology takes; SwarmConfig declares them."""
 
-BROKER_SETTINGS = config.Settings("broker", config.settings_of("swarm", only=("mode", "max_staleness", "data_plane")))
+BROKER_SETTINGS = config.Settings(
+    "broker",
+    config.settings_of(BrokerConfig, only=("topology", "agents")),
+    TOPOLOGY_SETTINGS,
+    config.settings_of("swarm", only=("mode", "max_staleness", "data_plane")),
+    config.settings_of(BrokerConfig, exclude=("topology", "agents")),
+)
+"""The broker's own settings, and the swarm's shape it serves."""
 
 
-def load_topology(spec: str, n: int | None, peers=None, time_varying=False, peers_per_round=None, options=None):
-    """--topology NAME|FILE and its options -> Topology, with one-line errors that say what is valid."""
+def load_topology(
+    spec: str, n: int | None, peers=None, time_varying=False, peers_per_round=None, topology_options=None
+):
+    """--topology NAME|FILE and its options -> Topology (``settings.make_topology``), with one-line
+    errors that say what is valid."""
     if spec in topologies.NAMES and n is None:
         raise click.BadParameter(f"the {spec} topology needs the number of agents", param_hint="--agents")
     try:
-        return topologies.from_spec(
-            spec, n, peers=peers, time_varying=time_varying, peers_per_round=peers_per_round, **(options or {})
-        )
+        return make_topology(spec, n, peers, time_varying, peers_per_round, topology_options)
     except topologies.TopologyError as err:
         raise click.BadParameter(str(err), param_hint="--topology") from None
 
 
+def topology_of(values: dict, n: int | None):
+    """The topology that ``values`` (a command's flags, or a SwarmConfig's fields) ask for, for ``n`` agents."""
+    return load_topology(values["topology"], n, **{name: values[name] for name in TOPOLOGY_OPTIONS})
+
+
 @click.group()
-@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.option(
+    "-v", "--verbose", count=True, help="More log output (-vv for debug)."
+)  # the group's own: no command's config
 def main(verbose: int) -> None:
     """gossiprl: gossip-based distributed deep RL (PALA / GALA) over ZeroMQ."""
     level = logging.WARNING - 10 * verbose
@@ -54,171 +89,24 @@ def main(verbose: int) -> None:
 
 
 @main.command()
-@click.option(
-    "--bind",
-    default="tcp://127.0.0.1:5555",
-    show_default=True,
-    help="ZeroMQ endpoint to bind (tcp://HOST:PORT or ipc://PATH).",
-)
-@click.option("--topology", "topology_spec", default="ring", show_default=True, help=TOPOLOGY_HELP)
-@click.option("--agents", "-n", type=click.IntRange(min=1), help="Number of agents (ranks 0..N-1).")
-@TOPOLOGY_SETTINGS.options
 @BROKER_SETTINGS.options
-@click.option(
-    "--peer-timeout",
-    type=click.FloatRange(min=0.1),
-    default=60.0,
-    show_default=True,
-    help="Seconds of silence before an agent is unregistered.",
-)
-@click.option(
-    "--stats-every",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="Print a line of broker stats every this many seconds (0: never).",
-)
-@click.option("--stats-json", is_flag=True, help="Print the stats as full JSON (as -v does) instead of one short line.")
-@click.option(
-    "--exit-when-done",
-    is_flag=True,
-    help="Exit once every rank has registered and then left with BYE (the swarm finished), e.g. for "
-    "a broker started with & beside its agents.",
-)
-@click.option(
-    "--curve-secret",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="The broker's CURVE secret key (broker.key_secret from `gossiprl keys generate`).",
-)
-@click.option(
-    "--curve-allow",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Directory of the agents' public keys (*.key) the broker admits.",
-)
-@click.option(
-    "--insecure",
-    is_flag=True,
-    help="Bind a tcp address without CURVE keys: every user of this host (and, beyond loopback, of the "
-    "network) can then join the swarm. Only on a host and network you trust.",
-)
-@click.option(
-    "--max-payload-mib",
-    type=click.IntRange(min=1, max=2048),  # the protocol's own limit, 2 GiB
-    default=64,
-    show_default=True,
-    help="The largest letter the broker takes, in MiB (64 MiB: a 16M-parameter float32 model). A frame "
-    "larger than this, or than a 1 MiB header, drops its connection before ZeroMQ buffers it.",
-)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(min=0, max=65535),
-    help="Serve the stats over HTTP on this port: /metrics (Prometheus) and /stats (for `gossiprl top`).",
-)
-@click.option(
-    "--metrics-bind",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address the stats server binds (anything wider lets others on that network read the stats).",
-)
-def broker(
-    bind,
-    topology_spec,
-    agents,
-    peers,
-    time_varying,
-    peers_per_round,
-    topology_options,
-    mode,
-    max_staleness,
-    peer_timeout,
-    stats_every,
-    stats_json,
-    exit_when_done,
-    curve_secret,
-    curve_allow,
-    insecure,
-    data_plane,
-    max_payload_mib,
-    metrics_port,
-    metrics_bind,
-):
+@click.pass_context
+def broker(ctx, **_):
     """Run the data proxy (the broker holding the turn locks) in the foreground."""
-    from .comms.broker import Broker
-    from .comms.keys import HOW_TO_MAKE_KEYS, check_endpoint, is_loopback
-    from .monitor import stats_line
-
-    try:
-        check_endpoint(bind)
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--bind") from None
-    topo = load_topology(topology_spec, agents, peers, time_varying, peers_per_round, topology_options)
-    if (curve_secret is None) != (curve_allow is None):
-        raise click.UsageError("--curve-secret and --curve-allow go together (the broker's key and the agents' keys)")
-    curve = (curve_secret, curve_allow) if curve_secret is not None else None
-    if curve is None and bind.startswith("tcp://") and is_loopback(bind):
-        if not insecure:
-            raise click.UsageError(
-                f"refusing to bind {bind} without keys: a tcp port, loopback included, is open to every "
-                "user of this host, who could register a rank and publish into the swarm. Bind "
-                "ipc://PATH in a directory only you can enter, or give the broker keys "
-                f"({HOW_TO_MAKE_KEYS}), or pass --insecure to accept that."
-            )
-        logging.getLogger("gossiprl.comms.keys").warning(
-            "broker binds %s WITHOUT authentication (--insecure): every user of this host can register "
-            "a rank and publish parameters into the swarm",
-            bind,
-        )
-    try:
-        b = Broker(
-            topo,
-            bind=bind,
-            mode=mode,
-            max_staleness=max_staleness,
-            peer_timeout=peer_timeout,
-            curve=curve,
-            insecure=insecure,
-            data_plane=data_plane,
-            max_payload_bytes=max_payload_mib << 20,
-        )
-    except (ValueError, OSError) as err:  # a non-loopback bind without keys; a missing or malformed key
-        raise click.ClickException(str(err)) from None
-    except Exception as err:  # zmq bind errors: address in use, bad endpoint
-        raise click.ClickException(f"cannot bind {bind}: {err}") from None
+    cfg = BROKER_SETTINGS.build(BrokerConfig, ctx.params)
+    mode = ctx.params["mode"]
+    _check_endpoint(cfg.bind, "--bind")
+    topo = topology_of(ctx.params, cfg.agents)
+    b = _start_broker(cfg, topo, ctx.params)
     click.echo(
         f"gossiprl broker on {b.address}: {topo.name} topology, {topo.n} agents, {mode} mode"
-        + (", CURVE keys required" if curve else "")
+        + (", CURVE keys required" if cfg.curve else "")
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     b.start()
-    stats_server = None
-    if metrics_port is not None:
-        from .monitor import StatsServer
-
-        try:
-            require_prometheus()
-        except click.ClickException:
-            b.close()
-            raise
-        try:
-            stats_server = StatsServer(b.stats, metrics_port, metrics_bind)
-        except OSError as err:
-            b.close()
-            raise click.ClickException(f"cannot serve stats on {metrics_bind}:{metrics_port}: {err.strerror}") from None
-        click.echo(
-            f"stats on {stats_server.address}/metrics (Prometheus) and /stats; "
-            f"watch with `gossiprl top {stats_server.address}`"
-        )
-    as_json = stats_json or click.get_current_context().find_root().params["verbose"] > 0
-    next_stats = time.monotonic() + stats_every
+    stats_server = _serve_stats(b, cfg)
     try:
-        while b.wait(min(stats_every or 3600, DONE_POLL_S if exit_when_done else 3600)):
-            if stats_every and time.monotonic() >= next_stats:
-                next_stats += stats_every
-                click.echo(json.dumps(b.stats()) if as_json else stats_line(b.stats()))
-            if exit_when_done and b.swarm_done():
-                click.echo(f"all {topo.n} agents registered and left with BYE: the swarm is done")
-                return
-        raise click.ClickException(f"the broker stopped serving (a bug: please report it):\n{b.failure}")
+        _serve(b, cfg, topo.n, as_json=cfg.stats_json or ctx.find_root().params["verbose"] > 0)
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:
@@ -228,20 +116,107 @@ def broker(
         click.echo("broker stopped")
 
 
+def _start_broker(cfg: BrokerConfig, topo, swarm: dict):
+    """The broker ``cfg`` asks for, bound, once its endpoint and keys pass their checks."""
+    from .comms.broker import Broker
+
+    _check_keys(cfg)
+    try:
+        return Broker(
+            topo,
+            bind=cfg.bind,
+            mode=swarm["mode"],
+            max_staleness=swarm["max_staleness"],
+            peer_timeout=cfg.peer_timeout,
+            curve=cfg.curve,
+            insecure=cfg.insecure,
+            data_plane=swarm["data_plane"],
+            max_payload_bytes=cfg.max_payload_mib << 20,
+        )
+    except (ValueError, OSError) as err:  # a non-loopback bind without keys; a missing or malformed key
+        raise click.ClickException(str(err)) from None
+    except Exception as err:  # zmq bind errors: address in use, bad endpoint
+        raise click.ClickException(f"cannot bind {cfg.bind}: {err}") from None
+
+
+def _check_endpoint(address: str, flag: str) -> None:
+    from .comms.keys import check_endpoint
+
+    try:
+        check_endpoint(address)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint=flag) from None
+
+
+def _check_keys(cfg: BrokerConfig) -> None:
+    """Both CURVE files or neither; a loopback tcp bind without keys only with --insecure, and then loudly."""
+    from .comms.keys import HOW_TO_MAKE_KEYS, is_loopback
+
+    if (cfg.curve_secret is None) != (cfg.curve_allow is None):
+        raise click.UsageError("--curve-secret and --curve-allow go together (the broker's key and the agents' keys)")
+    if cfg.curve is not None or not cfg.bind.startswith("tcp://") or not is_loopback(cfg.bind):
+        return
+    if not cfg.insecure:
+        raise click.UsageError(
+            f"refusing to bind {cfg.bind} without keys: a tcp port, loopback included, is open to every "
+            "user of this host, who could register a rank and publish into the swarm. Bind "
+            "ipc://PATH in a directory only you can enter, or give the broker keys "
+            f"({HOW_TO_MAKE_KEYS}), or pass --insecure to accept that."
+        )
+    logging.getLogger("gossiprl.comms.keys").warning(
+        "broker binds %s WITHOUT authentication (--insecure): every user of this host can register "
+        "a rank and publish parameters into the swarm",
+        cfg.bind,
+    )
+
+
+def _serve_stats(b, cfg: BrokerConfig):
+    """The stats server --metrics-port asks for (None without it); the broker is closed if it cannot start."""
+    if cfg.metrics_port is None:
+        return None
+    from .monitor import StatsServer
+
+    try:
+        require_prometheus()
+        server = StatsServer(b.stats, cfg.metrics_port, cfg.metrics_bind)
+    except click.ClickException:
+        b.close()
+        raise
+    except OSError as err:
+        b.close()
+        raise click.ClickException(
+            f"cannot serve stats on {cfg.metrics_bind}:{cfg.metrics_port}: {err.strerror}"
+        ) from None
+    click.echo(f"stats on {server.address}/metrics (Prometheus) and /stats; watch with `gossiprl top {server.address}`")
+    return server
+
+
+def _serve(b, cfg: BrokerConfig, n: int, as_json: bool) -> None:
+    """Print stats every --stats-every seconds while the broker serves; return when the swarm is
+    done (--exit-when-done), fail if the serving thread died."""
+    from .monitor import stats_line
+
+    next_stats = time.monotonic() + cfg.stats_every
+    while b.wait(min(cfg.stats_every or 3600, DONE_POLL_S if cfg.exit_when_done else 3600)):
+        if cfg.stats_every and time.monotonic() >= next_stats:
+            next_stats += cfg.stats_every
+            click.echo(json.dumps(b.stats()) if as_json else stats_line(b.stats()))
+        if cfg.exit_when_done and b.swarm_done():
+            click.echo(f"all {n} agents registered and left with BYE: the swarm is done")
+            return
+    raise click.ClickException(f"the broker stopped serving (a bug: please report it):\n{b.failure}")
+
+
 DONE_POLL_S = 0.5
 """How often `gossiprl broker --exit-when-done` looks whether its swarm has finished."""
 
 
+TOP_SETTINGS = config.Settings("top", config.settings_of(Top))
+
+
 @main.command()
 @click.argument("address")
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.1),
-    default=2.0,
-    show_default=True,
-    help="Seconds between views; rates are measured over it.",
-)
-@click.option("--once", is_flag=True, help="Print one view and exit.")
+@TOP_SETTINGS.options
 def top(address, interval, once):
     """Live view of a broker started with --metrics-port: ADDRESS is its stats server, e.g. 127.0.0.1:9100."""
     from .monitor import fetch_stats
@@ -273,14 +248,7 @@ def keys():
 
 @keys.command("generate")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "--name",
-    "names",
-    multiple=True,
-    default=("broker", "agent"),
-    show_default=True,
-    help="Key pair to make, NAME.key (public) and NAME.key_secret (mode 0600); repeat for several.",
-)
+@config.Settings("keys generate", config.settings_of(KeyPairs)).options
 def keys_generate(directory, names):
     """Make CURVE key pairs in DIRECTORY (created with mode 0700; existing keys are never overwritten)."""
     from .comms import keys as keyfiles
@@ -305,12 +273,19 @@ def topology():
     """Inspect mixing matrices."""
 
 
+TOPOLOGY_SHOW_SETTINGS = config.Settings(
+    "topology show",
+    config.settings_of(TopologyShow, only=("agents",)),
+    TOPOLOGY_SETTINGS,
+    config.settings_of(TopologyShow, exclude=("agents",)),
+)
+
+
 @topology.command("show")
 @click.argument("spec")
-@click.option("-n", "--agents", type=click.IntRange(min=1), default=8, show_default=True)
-@TOPOLOGY_SETTINGS.options
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw each round's edges to this PNG.")
-def topology_show(spec, agents, peers, time_varying, peers_per_round, topology_options, plot_path):
+@TOPOLOGY_SHOW_SETTINGS.options
+@click.pass_context
+def topology_show(ctx, spec, agents, plot_path, **_):
     """Print a topology's mixing matrix, peers, and how fast it reaches consensus."""
     if spec in topologies.NAMES and agents > MAX_SHOWN_AGENTS:
         raise click.BadParameter(
@@ -319,7 +294,7 @@ def topology_show(spec, agents, peers, time_varying, peers_per_round, topology_o
             param_hint="-n",
         )
     n = None if spec not in topologies.NAMES and Path(spec).is_file() else agents
-    topo = load_topology(spec, n, peers, time_varying, peers_per_round, topology_options)
+    topo = topology_of({**ctx.params, "topology": spec}, n)
     try:
         click.echo(topo.describe())
         if plot_path:
@@ -332,10 +307,7 @@ def topology_show(spec, agents, peers, time_varying, peers_per_round, topology_o
 
 
 @topology.command("table")
-@click.option("--sizes", default="8,16,64", show_default=True, help="Comma-separated swarm sizes.")
-@click.option(
-    "--peers-per-round", type=click.IntRange(min=1), default=1, show_default=True, help="For the GALA/SGP families."
-)
+@config.Settings("topology table", config.settings_of(TopologyTable)).options
 def topology_table(sizes, peers_per_round):
     """A Markdown table of every named family: letters per round, contraction per period, rounds to 1%."""
     from topologies.diagnostics import table
@@ -365,60 +337,42 @@ def bench():
     """Benchmarks that print measured figures beside their baselines."""
 
 
+def ring_sizes(text: str, flag: str, what: str = "ring sizes") -> list[int]:
+    """A comma-separated list of ring sizes ('' for none), each at least 2."""
+    try:
+        sizes = [int(a) for a in text.split(",") if a.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give comma-separated integers like 2,4,8", param_hint=flag) from None
+    if any(a < 2 for a in sizes):
+        raise click.BadParameter(f"{what} must be >= 2", param_hint=flag)
+    return sizes
+
+
+def write_figures(result: dict, json_path: Path | None, say: bool = True) -> None:
+    """--json: the figures as JSON too."""
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2))
+        if say:
+            click.echo(f"figures written to {json_path}")
+
+
 @bench.command("comms")
-@click.option(
-    "--agents",
-    default="2,4,8,16",
-    show_default=True,
-    help="Comma-separated ring sizes for the per-round overhead table ('' to skip).",
-)
-@click.option(
-    "--params",
-    type=click.IntRange(min=1),
-    default=1_687_719,
-    show_default=True,
-    help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).",
-)
-@click.option("--rounds", type=click.IntRange(min=1), default=30, show_default=True)
-@click.option("--transport", type=click.Choice(["tcp", "ipc"]), default="tcp", show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
-@click.option("--planes-only", is_flag=True, help="Only the data planes next to GALA-style shm and gloo.")
+@config.Settings(
+    "bench comms", config.settings_of(BenchComms), config.settings_of(Letter), config.settings_of(Figures)
+).options
 def bench_comms(agents, params, rounds, transport, json_path, planes_only):
     """One gossip round: memcpy floor, raw ZeroMQ relay, gossiprl, and the PALA paper's path."""
     from .bench import comms as bc
-
-    try:
-        ring = [int(a) for a in agents.split(",") if a.strip()]
-    except ValueError:
-        raise click.BadParameter(
-            f"{agents!r}: give comma-separated integers like 2,4,8", param_hint="--agents"
-        ) from None
-    if any(a < 2 for a in ring):
-        raise click.BadParameter("ring sizes must be >= 2", param_hint="--agents")
     from .bench import planes
 
+    ring = ring_sizes(agents, "--agents")
     result = {} if planes_only else bc.run(ring, params, rounds, transport=transport, echo=click.echo)
     result["planes"] = planes.run(ring, params, rounds, echo=click.echo)
-    if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2))
-        click.echo(f"figures written to {json_path}")
+    write_figures(result, json_path)
 
 
 @bench.command("mix")
-@click.option(
-    "--params",
-    type=click.IntRange(min=1),
-    default=1_687_719,
-    show_default=True,
-    help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).",
-)
-@click.option("--reps", type=click.IntRange(min=1), default=50, show_default=True)
-@click.option(
-    "--cpu-time",
-    is_flag=True,
-    help="Time with this thread's CPU clock, which preemption on a loaded host does not inflate "
-    "(BLAS threads are not counted: set OPENBLAS_NUM_THREADS=1).",
-)
+@config.Settings("bench mix", config.settings_of(Letter), config.settings_of(BenchMix)).options
 def bench_mix(params, reps, cpu_time):
     """Mixing one letter in against a plain axpy over the same bytes, timed alternately in one run."""
     from .bench import comms as bc
@@ -447,64 +401,46 @@ def bench_mix(params, reps, cpu_time):
 
 
 @bench.command("scale")
-@click.option("--hosts", default="2,4,8,16", show_default=True, help="Comma-separated numbers of hosts (ring sizes).")
-@click.option("--rate", default="1gbit", show_default=True, help="Each host link's rate each way (tc tbf syntax).")
-@click.option(
-    "--params",
-    type=click.IntRange(min=1),
-    default=1_687_719,
-    show_default=True,
-    help="float32 values per parameter set (default: Nature-CNN A2C, 6.75 MB).",
-)
-@click.option("--rounds", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="scale.png", show_default=True)
-@click.option("--quick", is_flag=True, help="n = 2, 4 with 100,000 values and 5 rounds: a smoke run.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
+@config.Settings(
+    "bench scale", config.settings_of(BenchScale), config.settings_of(Letter), config.settings_of(Figures)
+).options
 def bench_scale(hosts, rate, params, rounds, plot_path, quick, json_path):
     """Ring round time vs hosts (network namespaces behind shaped links): broker relay vs direct."""
     from .bench import scale as bs
 
-    try:
-        ns = [int(h) for h in hosts.split(",") if h.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{hosts!r}: give comma-separated integers like 2,4,8", param_hint="--hosts") from None
-    if not ns or any(h < 2 for h in ns):
+    ns = ring_sizes(hosts, "--hosts", "host counts")
+    if not ns:
         raise click.BadParameter("host counts must be >= 2", param_hint="--hosts")
     deadline = 600.0
     if quick:  # a smoke run: a ring that has not finished in a minute is stuck, and says where
         ns, params, rounds, deadline = [2, 4], 100_000, 5, 60.0
     result = bs.run(ns, numel=params, rounds=rounds, rate=rate, plot=plot_path, echo=click.echo, deadline_s=deadline)
-    if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2))
+    write_figures(result, json_path, say=False)
 
+
+BENCH_AGENT = (
+    config.settings_of("agent", only=("env_id", "device")),
+    config.settings_of("swarm", only=("data_plane",)),
+)
+BENCH_DEFAULTS = {"env_id": "MinAtar/Breakout-v1", "device": "cpu"}
+"""The training benchmarks' env defaults to MinAtar Breakout, the CPU stand-in for the papers' Atari games."""
 
 BENCH_TRAIN_SETTINGS = config.Settings(
     "bench train",
-    config.settings_of("agent", only=("env_id", "device")),
-    config.settings_of("swarm", only=("data_plane",)),
-    defaults={"env_id": "MinAtar/Breakout-v1", "device": "cpu"},
+    *BENCH_AGENT,
+    defaults=BENCH_DEFAULTS,
+    flags_only=(config.settings_of(BenchTrain), config.settings_of(Figures)),
 )
-"""The benchmark's env defaults to MinAtar Breakout, the CPU stand-in for the papers' Atari games."""
+BENCH_LEARNERS_SETTINGS = config.Settings(
+    "bench learners",
+    *BENCH_AGENT,
+    defaults=BENCH_DEFAULTS,
+    flags_only=(config.settings_of(BenchLearners), config.settings_of(Figures)),
+)
 
 
 @bench.command("train")
 @BENCH_TRAIN_SETTINGS.options
-@click.option(
-    "--seconds",
-    type=click.FloatRange(min=1),
-    default=30,
-    show_default=True,
-    help="Seconds each row trains after its warm-up (the raw env is timed for up to 10 s).",
-)
-@click.option(
-    "--agents",
-    "agent_counts",
-    default="2,4",
-    show_default=True,
-    help="Comma-separated ring sizes for the swarm rows.",
-)
-@click.option("--quick", is_flag=True, help="1 s per row and a ring of 2 only: a smoke test of every row.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
 @click.pass_context
 def bench_train(ctx, seconds, agent_counts, quick, json_path, **_):
     """Frames/s of the agent loop next to its limits, every row in one run: the raw env, a minimal
@@ -524,13 +460,7 @@ def bench_train(ctx, seconds, agent_counts, quick, json_path, **_):
 
 
 @bench.command("learners")
-@BENCH_TRAIN_SETTINGS.options
-@click.option("--seconds", type=click.FloatRange(min=1), default=30, show_default=True, help="Seconds each row trains.")
-@click.option(
-    "--actors", "actor_counts", default="1,2,4", show_default=True, help="Comma-separated actors per IMPALA agent."
-)
-@click.option("--quick", is_flag=True, help="1 s per row and 1 actor only: a smoke test of every row.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
+@BENCH_LEARNERS_SETTINGS.options
 @click.pass_context
 def bench_learners(ctx, seconds, actor_counts, quick, json_path, **_):
     """Frames/s of IMPALA (1, 2, 4 actors; one agent and a ring of 2) against A2C, every row in one
@@ -538,7 +468,7 @@ def bench_learners(ctx, seconds, actor_counts, quick, json_path, **_):
     require_rl("bench learners")
     from .bench import learners as bl
 
-    values = BENCH_TRAIN_SETTINGS.resolve(ctx)
+    values = BENCH_LEARNERS_SETTINGS.resolve(ctx)
     counts = (1,) if quick else counts_of(actor_counts, 1, "actor counts", "1,2,4", "--actors")
     seconds = 1.0 if quick else seconds
     run_bench(lambda: bl.run(values["env_id"], seconds, counts, values["device"], echo=click.echo), values, json_path)
@@ -567,9 +497,7 @@ def run_bench(measure, values: dict, json_path: str | None) -> None:
         result = measure()
     except launch.RunError as err:
         raise click.ClickException(str(err)) from None
-    if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2))
-        click.echo(f"figures written to {json_path}")
+    write_figures(result, json_path)
 
 
 # ------------------------------------------------------------------ training
@@ -578,6 +506,11 @@ RUN_SETTINGS = config.Settings(
     "run",
     config.settings_of("swarm"),
     config.settings_of("agent", exclude=("total_frames", "agents_per_host", "stop_at_return")),
+    flags_only=(
+        config.settings_of(RunDir),
+        config.settings_of(RunOutput),
+        config.settings_of(BrokerConfig, only=("metrics_port",)),
+    ),
 )
 """A swarm's settings and its agents'. The swarm's budget, size and stop rule take the place of
 the agents' own: launch.run gives each agent total_frames // agents and agents_per_host = agents."""
@@ -586,18 +519,13 @@ AGENT_SETTINGS = config.Settings(
     "agent",
     config.settings_of("agent", exclude=("stop_at_return",)),
     config.settings_of("swarm", only=("codec", "gossip_timeout")),
+    flags_only=(
+        config.settings_of(ClientConfig, only=("connect", "curve_secret", "curve_broker")),
+        config.settings_of(AgentProcess),
+        config.settings_of(RunDir),
+    ),
 )
 """One agent's settings, and the two of the swarm's that are the agent's to follow."""
-
-
-def run_dir_options(fn):
-    """Where a training command writes, and whether it continues what is there."""
-    fn = click.option("--resume", is_flag=True, help="Continue the run in --run-dir from its checkpoints.")(fn)
-    return click.option(
-        "--run-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        help="Where the run writes (default runs/ENV__TOPOLOGY__SEED__TIME).",
-    )(fn)
 
 
 def require_rl(command: str) -> None:
@@ -640,7 +568,7 @@ def check_env(env_id: str):
 
 
 def stop_target(value: float | str | None, threshold: float | None) -> float | None:
-    """A parsed --stop-at-return (``launch.return_target``) -> the mean return to stop at: 'auto'
+    """A parsed --stop-at-return (``settings.return_target``) -> the mean return to stop at: 'auto'
     is the env's threshold."""
     return threshold if value == "auto" else value
 
@@ -657,20 +585,6 @@ def default_run_dir(env_id: str, topology: str | None, seed: int, algo: str = "a
 @main.command()
 @config.config_option
 @RUN_SETTINGS.options
-@run_dir_options
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show the progress line.")
-@click.option(
-    "--track",
-    is_flag=True,
-    help="Mirror the swarm's TensorBoard run (RUN_DIR/swarm) to Weights & Biases (the track extra).",
-)
-@click.option("--wandb-project", default="gossiprl", show_default=True, help="W&B project, with --track.")
-@click.option("--wandb-entity", help="W&B entity (user or team), with --track; default: your W&B default.")
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(min=0, max=65535),
-    help="Serve the broker's stats on 127.0.0.1:PORT (/metrics for Prometheus, `gossiprl top`).",
-)
 @click.pass_context
 def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb_entity, metrics_port, **_):
     """Train a swarm of gossiping A2C, PPO or IMPALA (--algo) agents on this host (broker + one process per agent).
@@ -680,21 +594,19 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
     device, threads, log and checkpoint periods), not what it learns."""
     require_rl("run")
     from . import launch
-    from .rl.settings import AgentConfig
+    from .settings import AgentConfig, SwarmConfig
 
     values = (
         config.resume_values(ctx, RUN_SETTINGS, run_dir, config_file)
         if resume
         else config.file_values(ctx, RUN_SETTINGS, config_file)
     )
-    swarm = RUN_SETTINGS.build(launch.SwarmConfig, values)
+    swarm = RUN_SETTINGS.build(SwarmConfig, values)
     cfg = RUN_SETTINGS.build(AgentConfig, values)
     check_device(cfg.device)
     threshold = check_env(cfg.env_id)
     if swarm.topology is not None:
-        load_topology(
-            swarm.topology, swarm.agents, swarm.peers, swarm.time_varying, swarm.peers_per_round, swarm.topology_options
-        )
+        topology_of(vars(swarm), swarm.agents)
     swarm = replace(swarm, stop_at_return=stop_target(swarm.stop_at_return, threshold))
     run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed, cfg.algo)
     layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "no gossip"
@@ -752,7 +664,7 @@ def threads_line(cfg, gossips: bool) -> str:
 
 def _returns_line(summary: dict) -> str:
     """An agent's end line return: the mean over its last 100 episodes, or that none finished (not 'nan')."""
-    from .launch import format_return
+    from .agent_process import format_return
 
     if not summary["episodes"]:
         return f"mean return {format_return(None)}"
@@ -765,7 +677,7 @@ def end_lines(summary: dict, run_dir: Path) -> list[str]:
     The stop rule's mean was taken when the swarm was told to stop; agents finish their update
     before they leave, so the final window differs a little. Both are labelled, with each agent's
     own last-100 mean beside the pooled one (the pooled window holds mostly the fastest agents)."""
-    from .launch import format_return
+    from .agent_process import format_return
 
     lines = []
     reason = summary["stopped_by"]
@@ -815,102 +727,53 @@ def _interrupted_status(signum: int) -> int:
 
 
 @main.command()
-@click.option("--connect", required=True, help="The broker's endpoint, e.g. tcp://HOST:5555.")
-@click.option(
-    "--rank",
-    type=click.IntRange(min=0),
-    help="This agent's rank; default from RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK.",
-)
-@click.option(
-    "--curve-secret",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="This agent's CURVE secret key (NAME.key_secret), for a broker that requires keys.",
-)
-@click.option(
-    "--curve-broker",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="The broker's public key (broker.key).",
-)
-@click.option(
-    "--progress-every",
-    type=click.FloatRange(min=0),
-    default=10.0,
-    show_default=True,
-    help="Seconds between progress lines (frames, frames/s, return, gossip share); 0: none.",
-)
-@click.option(
-    "--stop-at-return",
-    type=config.Parsed(return_target, "RETURN|auto|none"),
-    default="auto",
-    show_default=True,
-    help="Stop once THIS agent's last 100 episodes average this; 'auto': the env's reward threshold, 'none': never.",
-)
 @config.config_option
 @AGENT_SETTINGS.options
-@run_dir_options
 @click.pass_context
-def agent(
-    ctx, connect, rank, curve_secret, curve_broker, progress_every, stop_at_return, config_file, run_dir, resume, **_
-):
+def agent(ctx, config_file, **_):
     """One agent of a swarm spread over hosts (PALA layout); the broker runs elsewhere.
 
     --total-frames is this agent's own budget here."""
-    from .comms.keys import check_endpoint, client_options
-
-    try:
-        check_endpoint(connect)
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--connect") from None
+    client = AGENT_SETTINGS.build(ClientConfig, ctx.params)
+    own = AGENT_SETTINGS.build(AgentProcess, ctx.params)
+    where = AGENT_SETTINGS.build(RunDir, ctx.params)
+    _check_endpoint(client.connect, "--connect")
     require_rl("agent")
     from . import launch
     from .rl.agent import CheckpointError
-    from .rl.settings import AgentConfig
+    from .settings import AgentConfig
 
     values = config.file_values(ctx, AGENT_SETTINGS, config_file)
-    if (curve_secret is None) != (curve_broker is None):
-        raise click.UsageError("--curve-secret and --curve-broker go together (this agent's key and the broker's)")
-    curve = (curve_secret, curve_broker) if curve_secret is not None else None
-    if curve is not None:
-        try:
-            client_options(*curve)  # a malformed key fails here, before the envs are built
-        except (ValueError, OSError) as err:
-            raise click.ClickException(str(err)) from None
+    _check_agent_keys(client)
     cfg = AGENT_SETTINGS.build(AgentConfig, values)
     check_device(cfg.device)
-    target = stop_target(stop_at_return, check_env(cfg.env_id))
+    target = stop_target(own.stop_at_return, check_env(cfg.env_id))
     try:
-        rank = launch.rank_from_environment(rank)
+        rank = launch.rank_from_environment(own.rank)
     except launch.RunError as err:
         raise click.UsageError(str(err)) from None
     per_host = launch.local_size_from_environment(cfg.agents_per_host)
     cfg = replace(cfg, agents_per_host=per_host or 1, stop_at_return=target)
-    run_dir = run_dir or Path("runs") / "agents"
+    run_dir = where.run_dir or Path("runs") / "agents"
     click.echo(
-        f"agent-{rank} -> broker {connect}; run dir {run_dir}"
+        f"agent-{rank} -> broker {client.connect}; run dir {run_dir}"
         + (f"; stops at mean return {target:g} (its own last 100 episodes)" if target is not None else "")
     )
-    stop = threading.Event()  # SIGTERM (scancel) or Ctrl-C: finish the update, checkpoint, leave
-    received = []
-
-    def on_signal(signum, frame):
-        received.append(signum)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    stop, received = _stop_on_signals()
     try:
         summary = launch.run_agent(
-            connect,
+            client.connect,
             rank,
             cfg,
             run_dir,
-            resume=resume,
+            resume=where.resume,
             codec=values["codec"],
             gossip_timeout=values["gossip_timeout"],
             stop=stop,
+            connect_timeout=client.connect_timeout,
             echo=click.echo,
-            curve=curve,
-            progress_every=progress_every,
+            curve=client.curve,
+            progress_every=own.progress_every,
             size_from_swarm=per_host is None,
         )
     except (launch.RunError, FileNotFoundError, CheckpointError) as err:
@@ -918,6 +781,41 @@ def agent(
             click.echo(str(err), err=True)
             sys.exit(_interrupted_status(received[0]))
         raise click.ClickException(str(err)) from None
+    _agent_done(rank, summary)
+    if received:
+        sys.exit(_interrupted_status(received[0]))
+
+
+def _check_agent_keys(client: ClientConfig) -> None:
+    """Both CURVE files or neither; a malformed key fails here, before the envs are built."""
+    from .comms.keys import client_options
+
+    if (client.curve_secret is None) != (client.curve_broker is None):
+        raise click.UsageError("--curve-secret and --curve-broker go together (this agent's key and the broker's)")
+    if client.curve is not None:
+        try:
+            client_options(*client.curve)
+        except (ValueError, OSError) as err:
+            raise click.ClickException(str(err)) from None
+
+
+def _stop_on_signals() -> tuple[threading.Event, list[int]]:
+    """SIGTERM (scancel) or Ctrl-C: set the event (the agent finishes its update, checkpoints and
+    leaves) and note the signal, for the exit status."""
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum, frame):
+        received.append(signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    return stop, received
+
+
+def _agent_done(rank: int, summary: dict) -> None:
+    """An agent's last lines: one for a person, then the summary as JSON for a script."""
     click.echo(
         f"agent-{rank} done: {summary['frames']:,} frames in {summary['wall_seconds']:.1f}s "
         f"({summary['fps']:,.0f} frames/s), {_returns_line(summary)}"
@@ -932,34 +830,11 @@ def agent(
             default=str,
         )
     )
-    if received:
-        sys.exit(_interrupted_status(received[0]))
 
 
 @main.command("eval")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--episodes", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--greedy", is_flag=True, help="argmax actions instead of sampling from the policy.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option(
-    "--video",
-    "video_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Also record MP4s here: DIR/consensus/ and DIR/agent-<rank>/.",
-)
-@click.option(
-    "--video-episodes",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Episodes recorded per policy with --video.",
-)
-@click.option(
-    "--import-env-module",
-    is_flag=True,
-    help="Import the module a MODULE:ENV_ID env id of the run names (runs its code): only for a run you trust.",
-)
+@config.Settings("eval", config.settings_of(Eval)).options
 def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episodes, import_env_module):
     """Play the final policies of a run: mean +- std per agent and overall (Table 1's protocol)."""
     require_rl("eval")
@@ -1000,7 +875,7 @@ def eval_cmd(run_dir, episodes, greedy, device, as_json, video_dir, video_episod
 
 @main.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("-o", "--output", default="curves.png", show_default=True, type=click.Path(dir_okay=False))
+@config.Settings("plot", config.settings_of(Plot)).options
 def plot(run_dirs, output):
     """Draw return vs frames and vs wall-clock time, one line per run."""
     from .draw import plot_runs

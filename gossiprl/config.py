@@ -1,12 +1,14 @@
 """Configuration from one source: the dataclasses, read as flags, as files and on resume.
 
-SwarmConfig (``launch``), AgentConfig and the learners' configs (``rl.settings``) declare every setting once:
-its name, type and default, and in the attribute docstring under it what it means. From them
-this module makes
+The dataclasses of ``gossiprl.settings`` (SwarmConfig and each command's own), of
+``gossiprl.comms.settings`` (BrokerConfig, ClientConfig) and of ``gossiprl.rl.settings``
+(AgentConfig, the learners') declare every setting once: its name, type and default, and in the
+attribute docstring under it what it means. From them this module makes
 
-* the click options of `gossiprl run`, `agent` and `bench train` (``Settings.options``):
-  ``--field-name``, the field's default, its docstring as the help, a type from the annotation
-  (bool: ``--x/--no-x``; ``X | None``: may stay unset; ``choices``: click.Choice);
+* the click options of every command (``Settings.options``): ``--field-name``, the field's
+  default, its docstring as the help, a type from the annotation (bool: ``--x/--no-x``;
+  ``X | None``: may stay unset; ``Path``: click.Path; ``tuple``: a repeatable flag;
+  ``choices``: click.Choice);
 * a command's values, from defaults < a config file (TOML, YAML, or a run's config.json) <
   the flags given on the command line (``Settings.resolve``);
 * the configs themselves (``Settings.build``), without copying key by key;
@@ -20,7 +22,8 @@ What a flag needs beyond its annotation goes in the field's ``metadata``, beside
 / ``min_open`` (a range), ``choices`` (the owning module's constant), ``metavar``, ``parse`` (a
 function from the flag's text or a file's value to the field's value, raising ValueError that
 says what is valid), ``cli_default`` (the command's default, where it deliberately differs from
-the library's) and ``may_change_on_resume``.
+the library's), ``switch`` (a bool that is a bare ``--x``, with no ``--no-x``), ``path``
+(click.Path's checks, e.g. ``{"exists": True}``), ``required`` and ``may_change_on_resume``.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from .launch import SwarmConfig
-from .rl.settings import LEARNERS, AgentConfig
+from .rl.settings import LEARNERS
+from .settings import AgentConfig, SwarmConfig
 
 SECTIONS = {"swarm": SwarmConfig, "agent": AgentConfig}
 """The sections of a run's config.json and the config each holds; each learner's config is
@@ -119,8 +122,14 @@ class Setting:
         meta = self.field.metadata
         decls = [self.flag, *([meta["short"]] if "short" in meta else []), self.name]
         attrs = {"default": default, "show_default": True, "help": self.help}
-        if self.kind is bool:
+        if self.kind is bool and meta.get("switch"):
+            attrs.update(is_flag=True, show_default=False)
+        elif self.kind is bool:
             decls[0] = f"{self.flag}/--no-{self.flag[2:]}"
+        elif self.kind is tuple:
+            attrs["multiple"] = True
+        elif self.kind is Path:
+            attrs["type"] = click.Path(**meta.get("path", {}), path_type=Path)
         elif self.kind is dict:
             attrs.update(
                 multiple=True,
@@ -140,6 +149,8 @@ class Setting:
             )
         if "metavar" in meta and "parse" not in meta:
             attrs["metavar"] = meta["metavar"]
+        if meta.get("required"):
+            attrs["required"] = True
         return click.option(*decls, **attrs)
 
     def from_file(self, value, ctx: click.Context, source: str):
@@ -196,9 +207,11 @@ class Parsed(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
-def settings_of(section: str, only: tuple[str, ...] | None = None, exclude: tuple[str, ...] = ()) -> list[Setting]:
-    """The fields of a config.json section (nested configs flattened), as settings; ``only`` and
-    ``exclude`` pick by field name."""
+def settings_of(
+    section: str | type, only: tuple[str, ...] | None = None, exclude: tuple[str, ...] = ()
+) -> list[Setting]:
+    """The fields of a config.json section, or of a config no run records (a dataclass: a
+    command's own), nested configs flattened, as settings; ``only`` and ``exclude`` pick by field name."""
     found = []
 
     def walk(cls, path):
@@ -218,8 +231,15 @@ def settings_of(section: str, only: tuple[str, ...] | None = None, exclude: tupl
             base = next((a for a in args if a is not type(None)), kind)
             found.append(Setting((*path, f.name), typing.get_origin(base) or base, optional, f, docs[f.name]))
 
-    walk(SECTIONS[section], (section,))
+    walk(SECTIONS.get(section, section), (section_of(section),))
     return merge_learners(found)
+
+
+def section_of(source: str | type) -> str:
+    """The first step of a setting's path: a config.json section's name, or the config class's."""
+    if isinstance(source, str):
+        return source
+    return next((name for name, cls in SECTIONS.items() if cls is source), source.__name__)
 
 
 def merge_learners(found: list[Setting]) -> list[Setting]:
@@ -260,21 +280,30 @@ def one_flag(group: list[Setting]) -> Setting:
 
 
 class Settings:
-    """The settings one command takes, as flags and in files, and the configs they build."""
+    """The settings one command takes, as flags and in files, and the configs they build.
 
-    def __init__(self, command: str, *groups: list[Setting], defaults: dict | None = None):
+    ``flags_only`` are the command's own (where it writes, how it reports, where its broker is):
+    flags, never read from a config file, which describes what is trained and how."""
+
+    def __init__(self, command: str, *groups: list[Setting], defaults: dict | None = None, flags_only: tuple = ()):
         self.command = command
         self.by_name: dict[str, Setting] = {}
-        for setting in (s for group in groups for s in group):
-            if setting.name in self.by_name:
-                raise TypeError(f"`gossiprl {command}` would take {setting.name} twice")
-            self.by_name[setting.name] = setting
-        self.by_path = {path: s for s in self.by_name.values() for path in s.paths}
+        """The settings a config file may give too."""
+        self.flags: dict[str, Setting] = {}
+        """Every setting the command takes as a flag: by_name's, then flags_only's."""
+        for i, group in enumerate((*groups, *flags_only)):
+            for setting in group:
+                if setting.name in self.flags:
+                    raise TypeError(f"`gossiprl {command}` would take {setting.name} twice")
+                self.flags[setting.name] = setting
+                if i < len(groups):
+                    self.by_name[setting.name] = setting
+        self.by_path = {path: s for s in self.flags.values() for path in s.paths}
         self.defaults = defaults or {}
 
     def options(self, fn):
         """Decorate a click command with one option per setting, in the configs' order."""
-        for setting in reversed(self.by_name.values()):
+        for setting in reversed(self.flags.values()):
             fn = setting.option(self.defaults.get(setting.name, setting.default))(fn)
         return fn
 
@@ -305,8 +334,9 @@ class Settings:
         )
 
     def build(self, cls, values: dict, path: tuple[str, ...] | None = None):
-        """``cls`` (SwarmConfig, AgentConfig) from the values; fields this command does not take keep their default."""
-        path = path or (next(name for name, c in SECTIONS.items() if c is cls),)
+        """``cls`` (SwarmConfig, AgentConfig, a command's own) from the values (a command's
+        ``ctx.params`` will do for flags only); fields this command does not take keep their default."""
+        path = path or (section_of(cls),)
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for f in dataclasses.fields(cls):
@@ -461,7 +491,8 @@ def load_file(path: Path) -> dict:
 
 
 def config_option(fn):
-    """--config FILE, for the commands that take settings from a file."""
+    """--config FILE, for the commands that take settings from a file. Written by hand: it says where
+    settings come from, and is no setting itself."""
     return click.option(
         "--config",
         "config_file",

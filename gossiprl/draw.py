@@ -45,8 +45,29 @@ def draw_topology(topology, path: str | os.PathLike) -> None:
     ax.set_ylim(-1.35, 1.35)
 
     node_size = max(40.0, 700.0 * min(1.0, 16.0 / n))
-    gap = math.sqrt(node_size) / 2 + 2  # points between node centre and arrow tip
     colors = [f"C{t % 10}" for t in range(period)]
+    _draw_edges(ax, edges, pos, n, period, colors, node_size)
+    _draw_agents(ax, pos, rounds, node_size)
+
+    title = f"{topology.name}: n={n}, spectral gap {topology.spectral_gap:.3f}"
+    if topology.time_varying:
+        title += f"\nunion of one period ({period} rounds; colour = round)"
+        ax.legend(
+            handles=[Line2D([], [], color=c, label=f"round t % {period} == {t}") for t, c in enumerate(colors)],
+            loc="lower right",
+            fontsize=7,
+            frameon=False,
+        )
+    ax.set_title(title, fontsize=11)
+    fig.text(
+        0.5, 0.02, "arrow j \u2192 i: agent i mixes in agent j's parameters", ha="center", fontsize=8, color="dimgray"
+    )
+    fig.savefig(path, format="png", dpi=120)
+
+
+def _draw_edges(ax, edges: dict, pos: list, n: int, period: int, colors: list[str], node_size: float) -> None:
+    """An arrow j -> i per edge, coloured by the first round that uses it; up to 8 agents, its weights."""
+    gap = math.sqrt(node_size) / 2 + 2  # points between node centre and arrow tip
     rad = 0.12  # curve j->i and i->j to opposite sides
     for (j, i), uses in edges.items():
         (x1, y1), (x2, y2) = pos[j], pos[i]
@@ -84,6 +105,10 @@ def draw_topology(topology, path: str | os.PathLike) -> None:
                 bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85),
             )
 
+
+def _draw_agents(ax, pos: list, rounds: list, node_size: float) -> None:
+    """The agents as circles, numbered up to 64 of them; up to 8, each one's own weight beside it."""
+    n = len(pos)
     ax.scatter([x for x, _ in pos], [y for _, y in pos], s=node_size, c="white", edgecolors="black", zorder=2)
     if n <= 64:
         for k, (x, y) in enumerate(pos):
@@ -100,21 +125,6 @@ def draw_topology(topology, path: str | os.PathLike) -> None:
                     va="center",
                     color="dimgray",
                 )
-
-    title = f"{topology.name}: n={n}, spectral gap {topology.spectral_gap:.3f}"
-    if topology.time_varying:
-        title += f"\nunion of one period ({period} rounds; colour = round)"
-        ax.legend(
-            handles=[Line2D([], [], color=c, label=f"round t % {period} == {t}") for t, c in enumerate(colors)],
-            loc="lower right",
-            fontsize=7,
-            frameon=False,
-        )
-    ax.set_title(title, fontsize=11)
-    fig.text(
-        0.5, 0.02, "arrow j \u2192 i: agent i mixes in agent j's parameters", ha="center", fontsize=8, color="dimgray"
-    )
-    fig.savefig(path, format="png", dpi=120)
 
 
 def plot_runs(run_dirs, path: str | os.PathLike, smooth: int = 1) -> None:

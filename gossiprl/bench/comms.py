@@ -35,8 +35,8 @@ import topologies
 
 from ..comms.broker import Broker
 from ..comms.client import GossipClient
+from ..settings import NATURE_CNN_PARAMS
 
-NATURE_CNN_PARAMS = 1_687_719  # Nature-CNN A2C for 6 actions, float32 = 6.75 MB
 COLD_BYTES = 128 << 20
 """Bytes the cold mix benchmark rotates over: several times any L3 cache, so no call finds its data there."""
 

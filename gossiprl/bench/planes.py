@@ -32,7 +32,7 @@ import numpy as np
 import topologies
 
 from ..comms.broker import Broker
-from .comms import NATURE_CNN_PARAMS
+from ..settings import NATURE_CNN_PARAMS
 
 ROWS = ("gala_shm", "gloo_ring", "gloo_allreduce", "broker", "shm", "direct", "shm_axpy")
 LABELS = {

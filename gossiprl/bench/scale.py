@@ -25,6 +25,8 @@ import uuid
 
 import numpy as np
 
+from ..settings import NATURE_CNN_PARAMS
+
 PORT = 5555
 PREFIX = "gscale-"
 SUBNET = "10.232.0"
@@ -209,7 +211,7 @@ def measure(n: int, plane: str, numel: int, rounds: int, warmup: int, rate: str,
 def run(
     hosts=(2, 4, 8, 16),
     planes=("broker", "direct"),
-    numel: int = 1_687_719,
+    numel: int = NATURE_CNN_PARAMS,
     rounds: int = 10,
     warmup: int = 2,
     rate: str = "1gbit",

@@ -109,8 +109,8 @@ def run(
     echo=print,
 ) -> dict:
     """Measure every row (see the module docstring), print the table, return the figures."""
-    from ..launch import SwarmConfig
     from ..rl.settings import AgentConfig
+    from ..settings import SwarmConfig
 
     agent_cfg = AgentConfig(env_id=env_id, device=device)
     num_envs = agent_cfg.a2c.num_envs

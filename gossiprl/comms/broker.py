@@ -29,6 +29,7 @@ import topologies
 from . import keys, wire
 from .dataplane import BrokerPlane
 from .registry import Peer, Registry
+from .settings import PEER_TIMEOUT_S
 from .turnlocks import Reply, TurnLocks
 
 log = logging.getLogger("gossiprl.comms.broker")
@@ -74,7 +75,7 @@ class Broker:
         *,
         mode: str = "sync",
         max_staleness: int | None = None,
-        peer_timeout: float = 60.0,
+        peer_timeout: float = PEER_TIMEOUT_S,
         max_payload_bytes: int = wire.DEFAULT_MAX_PAYLOAD_BYTES,
         max_queued_replies: int = MAX_QUEUED_REPLIES,
         max_queued_bytes: int = MAX_QUEUED_BYTES,

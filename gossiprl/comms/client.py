@@ -21,6 +21,7 @@ import zmq
 import topologies
 
 from . import dataplane, keys, shmlocks, wire
+from .settings import HEARTBEAT_S, LIVENESS
 from .tensors import CudaStager, finite, pack
 
 
@@ -67,8 +68,8 @@ class GossipClient:
         n: int | None = None,
         topology=None,
         timeout: float | None = None,
-        heartbeat: float = 1.0,
-        liveness: int = 3,
+        heartbeat: float = HEARTBEAT_S,
+        liveness: int = LIVENESS,
         codec: str = "raw",
         check_finite: bool = True,
         takeover: bool = False,

@@ -19,9 +19,9 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -104,191 +104,288 @@ def train(
     checkpoint_path = agent_dir / "checkpoint.pt"
     checkpoint = None
     if resume and (checkpoint_path.exists() or gossip is None):
-        checkpoint = load_checkpoint(checkpoint_path)
-        if checkpoint["config"].get("env_id") != cfg.env_id:
-            raise CheckpointError(
-                f"{checkpoint_path} was trained on {checkpoint['config'].get('env_id')}, "
-                f"this run asks for {cfg.env_id}: resume with that --env or use another --run-dir"
-            )
-        if checkpoint["config"].get("algo", "a2c") != cfg.algo:  # before --algo, every run was A2C
-            raise CheckpointError(
-                f"{checkpoint_path} was trained by {checkpoint['config'].get('algo', 'a2c')}, this run asks "
-                f"for {cfg.algo}: resume with that --algo or use another --run-dir"
-            )
-        changed = changed_on_resume(checkpoint["config"], cfg)
-        if changed:
-            raise CheckpointError(
-                f"{checkpoint_path} was trained with {', '.join(changed)}: a resumed run keeps what it "
-                "learns with; resume with those settings (is config.json edited?) or use another --run-dir"
-            )
-    counters = checkpoint["counters"] if checkpoint else {"updates": 0, "frames": 0, "episodes": 0, "wall_s": 0.0}
-    recent_returns = deque(checkpoint["recent_returns"] if checkpoint else [], maxlen=100)
+        checkpoint = resume_checkpoint(checkpoint_path, cfg)
+    tally = Tally.resumed(checkpoint)
     (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2))
-
-    # Seeding: the update count is mixed in so a resumed run draws new episodes and actions
-    # instead of replaying the ones it started with. Seed and rank are separate words of the
-    # entropy: with seed + rank, agent 1 of seed 1 and agent 0 of seed 2 drew the same episodes,
-    # so the "independent" seeds of a swarm shared most of their runs.
-    rng = np.random.default_rng([cfg.seed, rank, counters["updates"]])
-    threads = thread_plan(cfg)
-    torch.set_num_threads(threads["torch"])
-    device = pick_device(cfg.device, rank)
-    learner = LEARNERS[cfg.algo]
-    hp = learner.resolve_defaults(getattr(cfg, cfg.algo), cfg.env_id)
-    if gossip is not None and cfg.gossip_overlap and cfg.overlap_lr_scale:
-        # an overlapped round moves the swarm's mean by u / (2 - p_ii): scale u back up (docs/algorithm.md)
-        hp = replace(hp, lr=hp.lr * (2.0 - gossip.self_weight))
-
-    source = learner.make_rollouts(cfg, hp, int(rng.integers(2**30)), threads["env"])
-    # The network's initial weights: one draw for the whole swarm (GALA starts every agent from the
-    # same parameters, so the first mixes average networks that agree instead of unrelated ones),
-    # or the agent's own with shared_init off. Its actions always come from its own stream.
-    torch.manual_seed(cfg.seed if cfg.shared_init else int(rng.integers(2**31)))
-    model = make_model(source.observation_space, source.action_space).to(device)
-    torch.manual_seed(int(rng.integers(2**31)))
-    flat_params = flatten_parameters(model)
-    optimizer = learner.make_optimizer(model, hp)
-    if checkpoint:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-    elif resume:  # rejoining a running swarm with no checkpoint of our own: start from the neighbours'
-        adopted = gossip.adopt(flat_params)
-        print(
-            f"agent-{rank}: no checkpoint in {agent_dir}; "
-            + (
-                f"starting from the mean of {adopted} neighbour(s)' parameters"
-                if adopted
-                else "no neighbour's parameters came either, starting fresh"
-            ),
-            flush=True,
-        )
-
-    rollout = source.start(model, flat_params, device)
-    frames_per_update = source.frames_per_update
-    log = MetricsLog(agent_dir, resume, purge_step=counters["frames"] if checkpoint else None)
-
-    updates, frames, episodes = counters["updates"], counters["frames"], counters["episodes"]
-    timing = {"rollout": 0.0, "learn": 0.0, "gossip": 0.0, "gossip_wait": 0.0, "mix": 0.0}
-    steady = None  # (clock, frames, timing) once WARMUP_UPDATES are done: start-up and the peers' arrival left out
-    start = time.perf_counter()
-    last_update_end = start
-    start_frames = frames
-    last_log_time, last_log_frames = start, frames
-    returns_since_log: list[float] = []
-    returns_since_report: list[float] = []
-    last_report = start
+    a = _Agent.build(cfg, rank, gossip, checkpoint, tally.updates)
+    if resume and not checkpoint:  # rejoining a running swarm with no checkpoint of our own: start from the neighbours'
+        _adopt(gossip, a.flat_params, rank, agent_dir)
+    a.start_rollout()
+    log = MetricsLog(agent_dir, resume, purge_step=tally.frames if checkpoint else None)
+    tally.start()
+    losses: dict = {}
     gossip_stats: dict[str, float] = {}
-    source_stats: dict[str, float] = {}
-    source_totals: dict[str, float] = {}  # each source stat summed over this session's updates, for the summary
 
     # One flag, computed once per update, both ends the loop and triggers the final log row and
     # checkpoint: a stop that arrived between two separate checks used to end the loop unsaved.
-    finished = frames >= cfg.total_frames or (stop is not None and stop.is_set())
+    finished = tally.frames >= cfg.total_frames or (stop is not None and stop.is_set())
     while not finished:
         t0 = time.perf_counter()
-        source_stats = source.next(updates)
-        for key, value in source_stats.items():
-            source_totals[key] = source_totals.get(key, 0.0) + value
+        tally.add_source_stats(a.source.next(tally.updates))
         t1 = time.perf_counter()
-
-        losses = learner.update(model, optimizer, rollout, hp, progress=frames / cfg.total_frames)
-        updates += 1
-        frames += frames_per_update
+        losses = a.learner.update(a.model, a.optimizer, a.rollout, a.hp, progress=tally.frames / cfg.total_frames)
+        tally.updates += 1
+        tally.frames += a.frames_per_update
         t2 = time.perf_counter()
-
-        if gossip is not None and updates % cfg.gossip_every == 0:
-            gossip_stats = {k: float(v) for k, v in gossip.exchange(flat_params).items()}
-            timing["gossip_wait"] += gossip_stats.get("gossip/wait_s", 0.0)
-            timing["mix"] += gossip_stats.get("gossip/mix_s", 0.0)
-        t3 = time.perf_counter()
-        timing["rollout"] += t1 - t0
-        timing["learn"] += t2 - t1
-        timing["gossip"] += t3 - t2
-        if updates - counters["updates"] == WARMUP_UPDATES:
-            steady = (t3, frames, dict(timing))
-        last_update_end = t3
-
-        for episode_return, _ in source.pop_episodes():
-            recent_returns.append(episode_return)
-            returns_since_log.append(episode_return)
-            returns_since_report.append(episode_return)
-            episodes += 1
-        solved = (
-            cfg.stop_at_return is not None
-            and len(recent_returns) == recent_returns.maxlen
-            and float(np.mean(recent_returns)) >= cfg.stop_at_return
+        if gossip is not None and tally.updates % cfg.gossip_every == 0:
+            gossip_stats = {k: float(v) for k, v in gossip.exchange(a.flat_params).items()}
+            tally.timing["gossip_wait"] += gossip_stats.get("gossip/wait_s", 0.0)
+            tally.timing["mix"] += gossip_stats.get("gossip/mix_s", 0.0)
+        tally.timed(t0, t1, t2, time.perf_counter())
+        tally.add_episodes(a.source.pop_episodes())
+        finished = (
+            tally.solved(cfg.stop_at_return) or tally.frames >= cfg.total_frames or (stop is not None and stop.is_set())
         )
-        finished = solved or frames >= cfg.total_frames or (stop is not None and stop.is_set())
         if finished and gossip is not None and hasattr(gossip, "flush"):
             # the letters still in flight, so the final log row and checkpoint below hold them
-            gossip_stats = {k: float(v) for k, v in (gossip.flush(flat_params) or gossip_stats).items()}
+            gossip_stats = {k: float(v) for k, v in (gossip.flush(a.flat_params) or gossip_stats).items()}
+        if tally.updates % cfg.log_every == 0 or finished:
+            a.check_finite(rank, tally.updates)
+            log.write(tally.log_row(losses, gossip_stats), {f"timing/{k}_s": v for k, v in tally.timing.items()})
+        if tally.updates % cfg.checkpoint_every == 0 or finished:
+            save_checkpoint(checkpoint_path, a.state(tally, cfg))
+        if progress is not None and (finished or time.perf_counter() - tally.last_report >= PROGRESS_EVERY_S):
+            progress(tally.report(gossip_stats))
 
-        if updates % cfg.log_every == 0 or finished:
-            if not bool(torch.isfinite(flat_params).all()):
-                raise FloatingPointError(
-                    f"agent-{rank}: parameters became NaN or infinite by update {updates}; the learner "
-                    "diverged: lower --lr or --max-grad-norm, or resume from an earlier checkpoint"
-                )
-            now = time.perf_counter()
-            row = {
-                "frames": frames,
-                "wall_s": counters["wall_s"] + now - start,
-                "updates": updates,
-                "episodic_return": float(np.mean(returns_since_log)) if returns_since_log else None,
-                "mean_return_100": float(np.mean(recent_returns)) if recent_returns else None,
-                "fps": (frames - last_log_frames) / max(now - last_log_time, 1e-9),
-                **{k: float(v) for k, v in losses.items()},
-                **source_stats,
-                **gossip_stats,
-            }
-            log.write(row, {f"timing/{k}_s": v for k, v in timing.items()})
-            last_log_time, last_log_frames = now, frames
-            returns_since_log = []
-        if updates % cfg.checkpoint_every == 0 or finished:
-            save_checkpoint(
-                checkpoint_path,
-                {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "counters": {
-                        "updates": updates,
-                        "frames": frames,
-                        "episodes": episodes,
-                        "wall_s": counters["wall_s"] + time.perf_counter() - start,
-                    },
-                    "recent_returns": list(recent_returns),
-                    "config": asdict(cfg),
-                },
-            )
-        if progress is not None and (finished or time.perf_counter() - last_report >= PROGRESS_EVERY_S):
-            last_report = time.perf_counter()
-            progress(
-                {
-                    "frames": frames,
-                    "wall_s": last_report - start,
-                    "gossip_s": timing["gossip"],
-                    "returns": returns_since_report,
-                    "consensus_distance": gossip_stats.get("gossip/consensus_distance"),
-                }
-            )
-            returns_since_report = []
-
-    wall = time.perf_counter() - start
+    summary = tally.summary()
     log.close()
-    source.close()
-    return {
-        "frames": frames,
-        "wall_seconds": wall,
-        "run_wall_seconds": counters["wall_s"] + wall,
-        "fps": (frames - start_frames) / max(wall, 1e-9),
-        "mean_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
-        "episodes": episodes,
-        "updates": updates,
-        **{f"{k}_share": v / max(wall, 1e-9) for k, v in timing.items()},
-        **{f"{k}_s": v for k, v in timing.items()},
-        **steady_figures(steady, last_update_end, frames, timing),
-        **{key: total / max(updates - counters["updates"], 1) for key, total in source_totals.items()},
-    }
+    a.source.close()
+    return summary
+
+
+def _adopt(gossip: GossipHook, flat_params: torch.Tensor, rank: int, agent_dir: Path) -> None:
+    """Start from the mean of the neighbours' parameters, and say so."""
+    adopted = gossip.adopt(flat_params)
+    print(
+        f"agent-{rank}: no checkpoint in {agent_dir}; "
+        + (
+            f"starting from the mean of {adopted} neighbour(s)' parameters"
+            if adopted
+            else "no neighbour's parameters came either, starting fresh"
+        ),
+        flush=True,
+    )
+
+
+def resume_checkpoint(checkpoint_path: Path, cfg: AgentConfig) -> dict:
+    """The checkpoint a resumed agent goes on from, refused if it learned on another env, with
+    another learner, or with settings a resume must keep."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    if checkpoint["config"].get("env_id") != cfg.env_id:
+        raise CheckpointError(
+            f"{checkpoint_path} was trained on {checkpoint['config'].get('env_id')}, "
+            f"this run asks for {cfg.env_id}: resume with that --env or use another --run-dir"
+        )
+    if checkpoint["config"].get("algo", "a2c") != cfg.algo:  # before --algo, every run was A2C
+        raise CheckpointError(
+            f"{checkpoint_path} was trained by {checkpoint['config'].get('algo', 'a2c')}, this run asks "
+            f"for {cfg.algo}: resume with that --algo or use another --run-dir"
+        )
+    changed = changed_on_resume(checkpoint["config"], cfg)
+    if changed:
+        raise CheckpointError(
+            f"{checkpoint_path} was trained with {', '.join(changed)}: a resumed run keeps what it "
+            "learns with; resume with those settings (is config.json edited?) or use another --run-dir"
+        )
+    return checkpoint
+
+
+@dataclass
+class _Agent:
+    """What one agent learns with: its rollout source (its envs, or IMPALA's actors), network,
+    optimizer and rollout, and its learner."""
+
+    learner: Any
+    hp: Any
+    source: Any
+    model: torch.nn.Module
+    flat_params: torch.Tensor
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    rollout: Any = None
+    frames_per_update: int = 0
+
+    @classmethod
+    def build(cls, cfg: AgentConfig, rank: int, gossip, checkpoint: dict | None, updates: int) -> _Agent:
+        # Seeding: the update count is mixed in so a resumed run draws new episodes and actions
+        # instead of replaying the ones it started with. Seed and rank are separate words of the
+        # entropy: with seed + rank, agent 1 of seed 1 and agent 0 of seed 2 drew the same episodes,
+        # so the "independent" seeds of a swarm shared most of their runs.
+        rng = np.random.default_rng([cfg.seed, rank, updates])
+        threads = thread_plan(cfg)
+        torch.set_num_threads(threads["torch"])
+        device = pick_device(cfg.device, rank)
+        learner = LEARNERS[cfg.algo]
+        hp = learner.resolve_defaults(getattr(cfg, cfg.algo), cfg.env_id)
+        if gossip is not None and cfg.gossip_overlap and cfg.overlap_lr_scale:
+            # an overlapped round moves the swarm's mean by u / (2 - p_ii): scale u back up (docs/algorithm.md)
+            hp = replace(hp, lr=hp.lr * (2.0 - gossip.self_weight))
+
+        source = learner.make_rollouts(cfg, hp, int(rng.integers(2**30)), threads["env"])
+        # The network's initial weights: one draw for the whole swarm (GALA starts every agent from the
+        # same parameters, so the first mixes average networks that agree instead of unrelated ones),
+        # or the agent's own with shared_init off. Its actions always come from its own stream.
+        torch.manual_seed(cfg.seed if cfg.shared_init else int(rng.integers(2**31)))
+        model = make_model(source.observation_space, source.action_space).to(device)
+        torch.manual_seed(int(rng.integers(2**31)))
+        flat_params = flatten_parameters(model)
+        optimizer = learner.make_optimizer(model, hp)
+        if checkpoint:
+            model.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        return cls(learner, hp, source, model, flat_params, optimizer, device)
+
+    def start_rollout(self) -> None:
+        """Start the rollout source, once the parameters are what training starts from."""
+        self.rollout = self.source.start(self.model, self.flat_params, self.device)
+        self.frames_per_update = self.source.frames_per_update
+
+    def check_finite(self, rank: int, updates: int) -> None:
+        if not bool(torch.isfinite(self.flat_params).all()):
+            raise FloatingPointError(
+                f"agent-{rank}: parameters became NaN or infinite by update {updates}; the learner "
+                "diverged: lower --lr or --max-grad-norm, or resume from an earlier checkpoint"
+            )
+
+    def state(self, tally: Tally, cfg: AgentConfig) -> dict:
+        """What a checkpoint holds: the network, the optimizer, the counters and the config."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "counters": tally.counters(),
+            "recent_returns": list(tally.recent_returns),
+            "config": asdict(cfg),
+        }
+
+
+@dataclass
+class Tally:
+    """What the loop counts, over every session of the run (updates, frames, episodes, the last
+    100 returns, earlier sessions' seconds) and in this one (seconds per phase, the rows and
+    reports since the last, the steady state after the warm-up)."""
+
+    updates: int = 0
+    frames: int = 0
+    episodes: int = 0
+    wall_before: float = 0.0
+    recent_returns: deque = field(default_factory=lambda: deque(maxlen=100))
+    timing: dict = field(
+        default_factory=lambda: dict.fromkeys(("rollout", "learn", "gossip", "gossip_wait", "mix"), 0.0)
+    )
+    returns_since_log: list = field(default_factory=list)
+    returns_since_report: list = field(default_factory=list)
+    source_stats: dict = field(default_factory=dict)
+    """The rollout source's stats of the last update (IMPALA's policy lag, queue depth ...)."""
+    source_totals: dict = field(default_factory=dict)
+    """Each source stat summed over this session's updates, for the summary."""
+    steady: tuple | None = None
+    """(clock, frames, timing) once WARMUP_UPDATES are done: start-up and the peers' arrival left out."""
+    start_time: float = 0.0
+    start_updates: int = 0
+    start_frames: int = 0
+    last_update_end: float = 0.0
+    last_log_time: float = 0.0
+    last_log_frames: int = 0
+    last_report: float = 0.0
+
+    @classmethod
+    def resumed(cls, checkpoint: dict | None) -> Tally:
+        if not checkpoint:
+            return cls()
+        c = checkpoint["counters"]
+        return cls(
+            c["updates"], c["frames"], c["episodes"], c["wall_s"], deque(checkpoint["recent_returns"], maxlen=100)
+        )
+
+    def start(self) -> None:
+        """This session starts now."""
+        self.start_time = self.last_update_end = self.last_log_time = self.last_report = time.perf_counter()
+        self.start_frames = self.last_log_frames = self.frames
+        self.start_updates = self.updates
+
+    def timed(self, t0: float, t1: float, t2: float, t3: float) -> None:
+        """One update's rollout (t0-t1), learning (t1-t2) and gossip (t2-t3)."""
+        self.timing["rollout"] += t1 - t0
+        self.timing["learn"] += t2 - t1
+        self.timing["gossip"] += t3 - t2
+        if self.updates - self.start_updates == WARMUP_UPDATES:
+            self.steady = (t3, self.frames, dict(self.timing))
+        self.last_update_end = t3
+
+    def add_source_stats(self, stats: dict) -> None:
+        self.source_stats = stats
+        for key, value in stats.items():
+            self.source_totals[key] = self.source_totals.get(key, 0.0) + value
+
+    def add_episodes(self, finished) -> None:
+        for episode_return, _ in finished:
+            self.recent_returns.append(episode_return)
+            self.returns_since_log.append(episode_return)
+            self.returns_since_report.append(episode_return)
+            self.episodes += 1
+
+    def solved(self, target: float | None) -> bool:
+        """The last 100 episodes average ``target`` (None: never)."""
+        return (
+            target is not None
+            and len(self.recent_returns) == self.recent_returns.maxlen
+            and float(np.mean(self.recent_returns)) >= target
+        )
+
+    def log_row(self, losses: dict, gossip_stats: dict) -> dict:
+        """A row of metrics.csv, and the start of the next row's window."""
+        now = time.perf_counter()
+        row = {
+            "frames": self.frames,
+            "wall_s": self.wall_before + now - self.start_time,
+            "updates": self.updates,
+            "episodic_return": float(np.mean(self.returns_since_log)) if self.returns_since_log else None,
+            "mean_return_100": float(np.mean(self.recent_returns)) if self.recent_returns else None,
+            "fps": (self.frames - self.last_log_frames) / max(now - self.last_log_time, 1e-9),
+            **{k: float(v) for k, v in losses.items()},
+            **self.source_stats,
+            **gossip_stats,
+        }
+        self.last_log_time, self.last_log_frames = now, self.frames
+        self.returns_since_log = []
+        return row
+
+    def counters(self) -> dict:
+        return {
+            "updates": self.updates,
+            "frames": self.frames,
+            "episodes": self.episodes,
+            "wall_s": self.wall_before + time.perf_counter() - self.start_time,
+        }
+
+    def report(self, gossip_stats: dict) -> dict:
+        """A progress report for the launcher, and the start of the next one's window."""
+        self.last_report = time.perf_counter()
+        report = {
+            "frames": self.frames,
+            "wall_s": self.last_report - self.start_time,
+            "gossip_s": self.timing["gossip"],
+            "returns": self.returns_since_report,
+            "consensus_distance": gossip_stats.get("gossip/consensus_distance"),
+        }
+        self.returns_since_report = []
+        return report
+
+    def summary(self) -> dict:
+        wall = time.perf_counter() - self.start_time
+        return {
+            "frames": self.frames,
+            "wall_seconds": wall,
+            "run_wall_seconds": self.wall_before + wall,
+            "fps": (self.frames - self.start_frames) / max(wall, 1e-9),
+            "mean_return": float(np.mean(self.recent_returns)) if self.recent_returns else float("nan"),
+            "episodes": self.episodes,
+            "updates": self.updates,
+            **{f"{k}_share": v / max(wall, 1e-9) for k, v in self.timing.items()},
+            **{f"{k}_s": v for k, v in self.timing.items()},
+            **steady_figures(self.steady, self.last_update_end, self.frames, self.timing),
+            **{key: total / max(self.updates - self.start_updates, 1) for key, total in self.source_totals.items()},
+        }
 
 
 def steady_figures(steady, until: float, frames: int, timing: dict[str, float]) -> dict[str, float]:

@@ -460,3 +460,47 @@ def test_a_config_json_from_before_algo_resumes_as_a2c(tmp_path, recorded):
     assert cfg.algo == "a2c" and cfg.a2c.lr == 1e-3
     result = invoke("run", "--run-dir", run_dir, "--resume", "--algo", "ppo", "--no-progress")
     assert result.exit_code == 1 and "--algo ppo conflicts with the run's algo=a2c" in result.output
+
+
+@pytest.mark.parametrize("text", ['run_dir = "elsewhere"\n', "metrics_port = 9100\n", "track = true\n"])
+def test_a_commands_own_flags_are_not_settings_a_config_file_may_give(tmp_path, recorded, text):
+    """Where a run writes, what it mirrors and serves are the command's, not what is trained: a file
+    describing a run cannot move its run dir or open a port."""
+    key = text.split(" ")[0]
+    _refused_in_one_line(tmp_path, recorded, "run.toml", text, [f"'{key}' is not a setting of `gossiprl run`"])
+
+
+def test_every_flag_but_verbose_and_config_is_generated_from_a_config_dataclass():
+    """A hand-written option drifts from the dataclass that declares its default and help. Two are
+    left: the group's -v belongs to no command, and --config says where settings come from."""
+    import ast
+    from pathlib import Path
+
+    import gossiprl
+
+    written = sorted(
+        node.args[0].value
+        for path in Path(gossiprl.__file__).parent.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) == "click.option"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    )
+    assert written == ["--config", "-v"]
+
+
+def test_the_broker_and_the_client_take_their_defaults_from_the_comms_settings():
+    import inspect
+
+    from gossiprl.comms import Broker, GossipClient
+    from gossiprl.comms.settings import BrokerConfig, ClientConfig
+
+    broker, client = inspect.signature(Broker).parameters, inspect.signature(GossipClient).parameters
+    assert broker["peer_timeout"].default == BrokerConfig().peer_timeout
+    assert (client["heartbeat"].default, client["liveness"].default) == (
+        ClientConfig().heartbeat,
+        ClientConfig().liveness,
+    )
+    one_agent = inspect.signature(launch.run_agent).parameters["gossip_timeout"].default
+    assert SwarmConfig().gossip_timeout == one_agent  # a swarm's agents and one started alone wait alike
