@@ -30,8 +30,12 @@ TOPOLOGY_SETTINGS = config.Settings(
 BROKER_SETTINGS = config.Settings("broker", config.settings_of("swarm", only=("mode", "max_staleness", "data_plane")))
 
 
-def load_topology(spec: str, n: int | None, peers=None, time_varying=False, peers_per_round=None, options=None):
-    """--topology NAME|FILE and its options -> Topology, with one-line errors that say what is valid."""
+def load_topology(
+    spec: str, n: int | None, peers=None, time_varying=False, peers_per_round=None, options=None, hint="--topology"
+):
+    """--topology NAME|FILE and its options -> Topology, with one-line errors that say what is valid;
+    ``hint`` names what the user typed the spec as (`topology show` takes it as its argument SPEC).
+    A family's errors are about its options, and name the one at fault themselves."""
     if spec in topologies.NAMES and n is None:
         raise click.BadParameter(f"the {spec} topology needs the number of agents", param_hint="--agents")
     try:
@@ -39,7 +43,7 @@ def load_topology(spec: str, n: int | None, peers=None, time_varying=False, peer
             spec, n, peers=peers, time_varying=time_varying, peers_per_round=peers_per_round, **(options or {})
         )
     except topologies.TopologyError as err:
-        raise click.BadParameter(str(err), param_hint="--topology") from None
+        raise click.BadParameter(str(err), param_hint=None if spec in topologies.NAMES else hint) from None
 
 
 @click.group()
@@ -159,6 +163,8 @@ def broker(
             "a rank and publish parameters into the swarm",
             bind,
         )
+    if metrics_port is not None:
+        require_prometheus()
     try:
         b = Broker(
             topo,
@@ -174,33 +180,33 @@ def broker(
         raise click.ClickException(str(err)) from None
     except Exception as err:  # zmq bind errors: address in use, bad endpoint
         raise click.ClickException(f"cannot bind {bind}: {err}") from None
-    click.echo(
-        f"gossiprl broker on {b.address}: {topo.name} topology, {topo.n} agents, {mode} mode"
-        + (", CURVE keys required" if curve else "")
-    )
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    b.start()
-    stats_server = None
-    if metrics_port is not None:
-        from .monitor import StatsServer
+    listener = None
+    if metrics_port is not None:  # a port in use stops the broker before it prints or serves anything
+        from .monitor import listen
 
         try:
-            require_prometheus()
-        except click.ClickException:
-            b.close()
-            raise
-        try:
-            stats_server = StatsServer(b.stats, metrics_port, metrics_bind)
+            listener = listen(metrics_port, metrics_bind)
         except OSError as err:
             b.close()
             raise click.ClickException(f"cannot serve stats on {metrics_bind}:{metrics_port}: {err.strerror}") from None
-        click.echo(
-            f"stats on {stats_server.address}/metrics (Prometheus) and /stats; "
-            f"watch with `gossiprl top {stats_server.address}`"
-        )
-    as_json = stats_json or click.get_current_context().find_root().params["verbose"] > 0
-    next_stats = time.monotonic() + stats_every
+    stats_server = None
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill stops it as Ctrl-C does, and exits 143
     try:
+        click.echo(
+            f"gossiprl broker on {b.address}: {topo.name} topology, {topo.n} agents, {mode} mode"
+            + (", CURVE keys required" if curve else "")
+        )
+        b.start()
+        if listener is not None:
+            from .monitor import StatsServer
+
+            stats_server = StatsServer(b.stats, listener, metrics_bind)
+            click.echo(
+                f"stats on {stats_server.address}/metrics (Prometheus) and /stats; "
+                f"watch with `gossiprl top {stats_server.address}`"
+            )
+        as_json = stats_json or click.get_current_context().find_root().params["verbose"] > 0
+        next_stats = time.monotonic() + stats_every
         while b.wait(min(stats_every or 3600, DONE_POLL_S if exit_when_done else 3600)):
             if stats_every and time.monotonic() >= next_stats:
                 next_stats += stats_every
@@ -209,13 +215,14 @@ def broker(
                 click.echo(f"all {topo.n} agents registered and left with BYE: the swarm is done")
                 return
         raise click.ClickException(f"the broker stopped serving (a bug: please report it):\n{b.failure}")
-    except (KeyboardInterrupt, SystemExit):
-        pass
+    except KeyboardInterrupt:
+        status = _interrupted_status(_signals_received[0] if _signals_received else signal.SIGINT)
     finally:
         if stats_server is not None:
             stats_server.close()
         b.close()
         click.echo("broker stopped")
+    sys.exit(status)
 
 
 DONE_POLL_S = 0.5
@@ -309,7 +316,7 @@ def topology_show(spec, agents, peers, time_varying, peers_per_round, topology_o
             param_hint="-n",
         )
     n = None if spec not in topologies.NAMES and Path(spec).is_file() else agents
-    topo = load_topology(spec, n, peers, time_varying, peers_per_round, topology_options)
+    topo = load_topology(spec, n, peers, time_varying, peers_per_round, topology_options, hint="SPEC")
     try:
         click.echo(topo.describe())
         if plot_path:
@@ -564,6 +571,25 @@ def require_prometheus() -> None:
         raise click.ClickException("--metrics-port needs prometheus-client: pip install 'gossiprl[monitor]'") from None
 
 
+def metrics_listener(port: int | None, gossips: bool):
+    """--metrics-port of `gossiprl run`, bound before the run prints or makes anything: a port in use
+    is then an error before start-up (it used to come after the run's header, from the launcher)."""
+    if port is None:
+        return None
+    if not gossips:
+        raise click.BadParameter(
+            "serves the broker's stats, and a run of one agent without a topology has no broker",
+            param_hint="--metrics-port",
+        )
+    from .monitor import listen
+
+    require_prometheus()
+    try:
+        return listen(port)
+    except OSError as err:
+        raise click.ClickException(f"cannot serve stats on 127.0.0.1:{port}: {err.strerror}") from None
+
+
 def check_device(device: str) -> None:
     """Refuse --device cuda up front: otherwise every agent dies on its own with a torch error."""
     import torch
@@ -641,6 +667,12 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
             swarm.topology, swarm.agents, swarm.peers, swarm.time_varying, swarm.peers_per_round, swarm.topology_options
         )
     swarm = replace(swarm, stop_at_return=stop_target(swarm.stop_at_return, threshold))
+    if track:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise click.ClickException("--track needs wandb: pip install 'gossiprl[track]'") from None
+    stats_listener = metrics_listener(metrics_port, gossips=swarm.topology is not None)
     run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed, cfg.algo)
     layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "no gossip"
     click.echo(
@@ -648,13 +680,6 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
         + (f"; stops at mean return {swarm.stop_at_return}" if swarm.stop_at_return is not None else "")
     )
     click.echo(threads_line(replace(cfg, agents_per_host=swarm.agents), gossips=swarm.topology is not None))
-    if metrics_port is not None:
-        require_prometheus()
-    if track:
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            raise click.ClickException("--track needs wandb: pip install 'gossiprl[track]'") from None
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill gets the same clean stop as Ctrl-C
     try:
         summary = launch.run(
@@ -665,7 +690,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
             echo=click.echo,
             show_progress=progress,
             track={"project": wandb_project, "entity": wandb_entity} if track else None,
-            metrics_port=metrics_port,
+            metrics_port=stats_listener,
         )
     except (launch.RunError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None

@@ -20,6 +20,7 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -450,14 +451,15 @@ def run(
     echo=print,
     show_progress: bool = True,
     track: dict | None = None,
-    metrics_port: int | None = None,
+    metrics_port: int | socket.socket | None = None,
 ) -> dict:
     """Train a swarm on this host; returns (and writes) summary.json's contents.
 
     The swarm's budget is ``swarm.total_frames``: each agent's ``total_frames`` (and its
     ``agents_per_host``) is set from the swarm, whatever ``agent_cfg`` held. ``track``
     ({"project", "entity"}) mirrors the swarm's TensorBoard run to Weights & Biases;
-    ``metrics_port`` serves the broker's stats on loopback (``gossiprl top``, Prometheus)."""
+    ``metrics_port`` serves the broker's stats on loopback (``gossiprl top``, Prometheus): a port,
+    or a socket ``monitor.listen`` bound already."""
     from dataclasses import replace
 
     from .rl.swarmlog import SwarmLog
@@ -475,7 +477,7 @@ def run(
         from .monitor import listen
 
         try:
-            listener = listen(metrics_port)
+            listener = metrics_port if isinstance(metrics_port, socket.socket) else listen(metrics_port)
         except OSError as err:
             raise RunError(f"cannot serve stats on 127.0.0.1:{metrics_port}: {err.strerror}") from None
     earlier = _earlier_summary(run_dir) if resume else {}
