@@ -735,7 +735,7 @@ def end_lines(summary: dict, run_dir: Path) -> list[str]:
     The stop rule's mean was taken when the swarm was told to stop; agents finish their update
     before they leave, so the final window differs a little. Both are labelled, with each agent's
     own last-100 mean beside the pooled one (the pooled window holds mostly the fastest agents)."""
-    from .launch import format_return
+    from .launch import CONSENSUS_EPISODES, format_return
 
     lines = []
     reason = summary["stopped_by"]
@@ -758,6 +758,11 @@ def end_lines(summary: dict, run_dir: Path) -> list[str]:
         lines.append(
             f"mean return {format_return(summary['mean_return'])} over the last "
             f"{min(100, summary['episodes'])} episodes of all agents, pooled{spread}"
+        )
+    if summary.get("consensus_return") is not None:
+        lines.append(
+            f"consensus policy (the mean of the agents' parameters): mean return "
+            f"{summary['consensus_return']:.1f} over {CONSENSUS_EPISODES} fresh episodes"
         )
     lines += [
         f"run dir {run_dir}",

@@ -634,9 +634,11 @@ def run(
         "mean_return": progress.mean_return if progress.returns else earlier_return,
         "mean_return_definition": "mean of the last 100 episodes of all agents pooled (the stop rule); "
         "agents_mean_return / agents_min_return: mean and worst of each agent's "
-        "own last-100 mean",
+        "own last-100 mean; consensus_return: the consensus policy (the mean of the agents' final "
+        f"parameters) over {CONSENSUS_EPISODES} fresh episodes, as `gossiprl eval` scores it",
         "agents_mean_return": _mean([s["mean_return"] for s in summaries.values()]),
         "agents_min_return": min((s["mean_return"] for s in summaries.values()), default=math.nan),
+        "consensus_return": None if stopped_by == "interrupted" else _consensus_return(run_dir, echo),
         "episodes": progress.episodes,
         "agents": swarm.agents,
         "stopped_by": stopped_by,
@@ -664,6 +666,26 @@ def _earlier_summary(run_dir: Path) -> dict:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
+
+
+CONSENSUS_EPISODES = 10
+"""Fresh episodes the consensus policy plays when a run ends: `gossiprl eval`'s default, so summary.json
+holds the figure `gossiprl eval` prints for it (same episodes, seeds and sampled actions)."""
+
+
+def _consensus_return(run_dir: Path, echo) -> float | None:
+    """The consensus policy's mean return, for summary.json beside the agents' own; None where no agent
+    left a checkpoint or Ctrl-C cut the scoring short (a run that was interrupted is not scored)."""
+    from .rl.consensus import evaluate_consensus
+
+    echo(f"scoring the consensus policy (the mean of the agents' parameters) over {CONSENSUS_EPISODES} episodes")
+    try:
+        return evaluate_consensus(run_dir, episodes=CONSENSUS_EPISODES)["mean"]
+    except KeyboardInterrupt:  # the run itself is over: its summary is still written
+        echo("consensus policy not scored: interrupted")
+    except (FileNotFoundError, ValueError) as err:
+        echo(f"consensus policy not scored: {err}")
+    return None
 
 
 def _finite(value):

@@ -190,9 +190,15 @@ def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(tmp_path):
         assert "gossip/consensus_distance" in header and "mean_return_100" in header
         assert (agent_dir / "checkpoint.pt").stat().st_size > 0
         assert any(p.name.startswith("events.out.tfevents") for p in agent_dir.iterdir())
-    result = invoke("eval", run_dir, "--episodes", 3, "--json")
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["overall"]["episodes"] == 6
+    evaluated = invoke("eval", run_dir, "--episodes", 3, "--json")
+    assert evaluated.exit_code == 0, evaluated.output
+    assert json.loads(evaluated.output)["overall"]["episodes"] == 6
+    # the consensus policy's score, as `gossiprl eval` (10 episodes by default) prints it: only eval had it
+    consensus = json.loads(invoke("eval", run_dir, "--json").output)["consensus"]
+    assert summary["consensus_return"] == consensus["mean"] and consensus["agents"] == 2
+    assert "consensus_return: the consensus policy" in summary["mean_return_definition"]
+    line = f"consensus policy (the mean of the agents' parameters): mean return {consensus['mean']:.1f} over 10"
+    assert line in result.output
 
 
 @pytest.mark.timeout(120)
