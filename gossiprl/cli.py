@@ -499,24 +499,60 @@ def bench_train(ctx, seconds, agent_counts, quick, json_path, **_):
     A2C loop, one agent (idle host and one core busy), and rings with blocking, overlapped and
     async gossip, with each row's time split."""
     require_rl("bench train")
-    from . import launch
     from .bench import train as bt
 
     values = BENCH_TRAIN_SETTINGS.resolve(ctx)
+    counts = (2,) if quick else counts_of(agent_counts, 2, "ring sizes", "2,4", "--agents")
+    seconds = 1.0 if quick else seconds
+    run_bench(
+        lambda: bt.run(values["env_id"], seconds, counts, values["data_plane"], values["device"], echo=click.echo),
+        values,
+        json_path,
+    )
+
+
+@bench.command("learners")
+@BENCH_TRAIN_SETTINGS.options
+@click.option("--seconds", type=click.FloatRange(min=1), default=30, show_default=True, help="Seconds each row trains.")
+@click.option(
+    "--actors", "actor_counts", default="1,2,4", show_default=True, help="Comma-separated actors per IMPALA agent."
+)
+@click.option("--quick", is_flag=True, help="1 s per row and 1 actor only: a smoke test of every row.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures here as JSON.")
+@click.pass_context
+def bench_learners(ctx, seconds, actor_counts, quick, json_path, **_):
+    """Frames/s of IMPALA (1, 2, 4 actors; one agent and a ring of 2) against A2C, every row in one
+    run, with IMPALA's policy lag and queue depth."""
+    require_rl("bench learners")
+    from .bench import learners as bl
+
+    values = BENCH_TRAIN_SETTINGS.resolve(ctx)
+    counts = (1,) if quick else counts_of(actor_counts, 1, "actor counts", "1,2,4", "--actors")
+    seconds = 1.0 if quick else seconds
+    run_bench(lambda: bl.run(values["env_id"], seconds, counts, values["device"], echo=click.echo), values, json_path)
+
+
+def counts_of(text: str, least: int, what: str, example: str, flag: str) -> tuple[int, ...]:
+    """A benchmark's comma-separated counts, each at least ``least``, or a one-line error."""
+    try:
+        counts = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < least:
+        raise click.BadParameter(
+            f"{text!r}: give {what} >= {least} separated by commas, e.g. {example}", param_hint=flag
+        )
+    return counts
+
+
+def run_bench(measure, values: dict, json_path: str | None) -> None:
+    """Check the env and device, run ``measure`` (it prints its table) and write its figures as JSON if asked."""
+    from . import launch
+
     check_device(values["device"])
     check_env(values["env_id"])
     try:
-        counts = tuple(int(n) for n in agent_counts.split(","))
-    except ValueError:
-        counts = ()
-    if not counts or min(counts) < 2:
-        raise click.BadParameter(
-            f"{agent_counts!r}: give ring sizes >= 2 separated by commas, e.g. 2,4", param_hint="--agents"
-        )
-    if quick:
-        seconds, counts = 1.0, (2,)
-    try:
-        result = bt.run(values["env_id"], seconds, counts, values["data_plane"], values["device"], echo=click.echo)
+        result = measure()
     except launch.RunError as err:
         raise click.ClickException(str(err)) from None
     if json_path:
@@ -644,7 +680,7 @@ def default_run_dir(env_id: str, topology: str | None, seed: int, algo: str = "a
 )
 @click.pass_context
 def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb_entity, metrics_port, **_):
-    """Train a swarm of gossiping A2C or PPO (--algo) agents on this host (broker + one process per agent).
+    """Train a swarm of gossiping A2C, PPO or IMPALA (--algo) agents on this host (broker + one process per agent).
 
     --resume continues the run in --run-dir with the settings in its config.json; flags may
     change only how long and how it runs (budget, time limit, stop rule, transport, data plane,

@@ -12,7 +12,7 @@ this module makes
 * the configs themselves (``Settings.build``), without copying key by key;
 * on ``--resume``, the run's own config.json as the base, and the refusal of flags that would
   change what the run has been learning with (``resume_values``);
-* one flag per learner hyperparameter name (``--lr`` sets A2C's or PPO's, whichever ``--algo``
+* one flag per learner hyperparameter name (``--lr`` sets A2C's, PPO's or IMPALA's, whichever ``--algo``
   picks), refused with the valid ones named when the chosen learner has no such setting.
 
 What a flag needs beyond its annotation goes in the field's ``metadata``, beside the field:
@@ -45,7 +45,7 @@ from .rl.settings import LEARNERS, AgentConfig
 
 SECTIONS = {"swarm": SwarmConfig, "agent": AgentConfig}
 """The sections of a run's config.json and the config each holds; each learner's config is
-agent.<algo> (agent.a2c, agent.ppo)."""
+agent.<algo> (agent.a2c, agent.ppo, agent.impala)."""
 
 ALIASES = {"env": "env_id"}
 """Flat keys a file may use for a field: the flag's name where it differs from the field's."""
@@ -467,7 +467,8 @@ def config_option(fn):
         "config_file",
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
         help="Settings from a TOML or YAML file, or a run's config.json: flat keys (lr = 1e-3, env = "
-        "'Acrobot-v1') or [swarm] / [agent] / [agent.a2c] / [agent.ppo] sections. Flags given here win over the file.",
+        "'Acrobot-v1') or [swarm] / [agent] / [agent.a2c] / [agent.ppo] / [agent.impala] sections. "
+        "Flags given here win over the file.",
     )(fn)
 
 

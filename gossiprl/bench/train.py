@@ -90,10 +90,13 @@ def swarm_row(swarm, agent_cfg, seconds: float) -> dict:
     # figure: its rate over the whole run, start-up included, which flatters it if anything.
     steady = all("steady_fps" in s for s in agents)
     prefix = "steady_" if steady else ""
+    # the rollout source's stats (IMPALA's lag and queue depth), the agents' mean
+    sourced = {k for s in agents for k in s if "/" in k}
     return {
         "fps": sum(s[f"{prefix}fps"] for s in agents),
         "shares": {k: float(np.mean([s.get(f"{prefix}{k}_share", 0.0) for s in agents])) for k in SHARES},
         "steady": steady,
+        **{k: float(np.mean([s[k] for s in agents if k in s])) for k in sorted(sourced)},
     }
 
 

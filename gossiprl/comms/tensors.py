@@ -38,9 +38,17 @@ def is_floating(x: Any) -> bool:
 
 
 def finite(x: Any) -> bool:
-    """Whether ``x`` holds no NaN or infinity (integer and bool data always qualify)."""
+    """Whether ``x`` holds no NaN or infinity (integer and bool data always qualify).
+
+    A CPU tensor is checked through a numpy view of its memory: torch's isfinite on one thread
+    costs ~60x numpy's (1.6 ms against 26 us for MinAtar's 140k parameters), and an overlapped
+    agent pays it every round on the thread that shares its learner's GIL."""
     if is_torch(x):
-        return not x.is_floating_point() or bool(sys.modules["torch"].isfinite(x).all())
+        if not x.is_floating_point():
+            return True
+        if x.device.type != "cpu" or x.dtype == sys.modules["torch"].bfloat16:  # numpy has no view of these
+            return bool(sys.modules["torch"].isfinite(x).all())
+        x = x.detach().numpy()
     arr = np.asarray(x)
     return arr.dtype.kind != "f" or bool(np.isfinite(arr).all())
 

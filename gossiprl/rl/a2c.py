@@ -1,6 +1,7 @@
 """Synchronous advantage actor-critic (A2C), the learner inside every PALA/GALA agent (``--algo a2c``).
 
-Read top to bottom: n-step returns, the loss, rollout storage, one update. The hyperparameters,
+Read top to bottom: n-step returns, the loss, one update; it acts in the loop with its own
+network (``rollouts.LocalRollouts``). The hyperparameters,
 A2CConfig, are declared in ``settings`` (torch-free, for the command line); their defaults are
 GALA's ``arguments.py`` (which PALA keeps), so Atari runs are comparable with the papers' tables.
 """
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from gossiprl.rl.envs import is_atari, is_minatar
+from gossiprl.rl.rollouts import LocalRollouts, Rollout
 from gossiprl.rl.settings import A2CConfig
 
 
@@ -54,14 +56,31 @@ def a2c_loss(
     """Policy gradient with advantage A = G - V, squared value error, minus an entropy bonus.
 
     Inputs are flat over (step, env): logits (B, A), values/actions/returns (B,). The advantage
-    is detached so the policy term does not train the critic. Metrics are returned as
-    detached tensors, so the caller decides when to pay for a device sync.
+    is detached so the policy term does not train the critic.
+    """
+    advantages = (returns - values).detach()
+    return actor_critic_loss(logits, values, actions, returns, advantages, value_coef, entropy_coef)
+
+
+def actor_critic_loss(
+    logits: torch.Tensor,
+    values: torch.Tensor,
+    actions: torch.Tensor,
+    value_targets: torch.Tensor,
+    advantages: torch.Tensor,
+    value_coef: float,
+    entropy_coef: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """-A log pi(a|s) + value_coef (target - V)^2 - entropy_coef H(pi), each a mean over the batch.
+
+    A2C's targets are its n-step returns and A = G - V; IMPALA's are V-trace's (``impala``).
+    ``advantages`` must come detached. Metrics are returned as detached tensors, so the caller
+    decides when to pay for a device sync.
     """
     log_probs = torch.log_softmax(logits, dim=-1)
     action_log_probs = log_probs.gather(1, actions.unsqueeze(1)).squeeze(1)
-    advantages = returns - values
-    value_loss = advantages.pow(2).mean()
-    policy_loss = -(advantages.detach() * action_log_probs).mean()
+    value_loss = (value_targets - values).pow(2).mean()
+    policy_loss = -(advantages * action_log_probs).mean()
     entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
     loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
     metrics = {
@@ -72,34 +91,7 @@ def a2c_loss(
     return loss, metrics
 
 
-class Rollout:
-    """Preallocated (n_steps, num_envs) storage for one update; ``obs`` has one more row.
-
-    ``obs[n_steps]`` is the state the returns bootstrap from, and becomes ``obs[0]`` of the
-    next rollout, so the learner evaluates all n_steps + 1 rows in a single forward pass.
-    """
-
-    def __init__(
-        self, n_steps: int, num_envs: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, device: torch.device
-    ):
-        self.obs = torch.zeros((n_steps + 1, num_envs, *obs_shape), dtype=obs_dtype, device=device)
-        self.actions = torch.zeros((n_steps, num_envs), dtype=torch.long, device=device)
-        self.rewards = torch.zeros((n_steps, num_envs), dtype=torch.float32, device=device)
-        self.dones = torch.zeros((n_steps, num_envs), dtype=torch.float32, device=device)
-        self.bootstrap = torch.zeros((n_steps, num_envs), dtype=torch.float32, device=device)
-        """gamma * V(final obs) for steps where a time limit cut the episode, else 0."""
-
-    def truncation_bonus(self, step: int, envs: torch.Tensor, final_values: torch.Tensor, cfg: A2CConfig) -> None:
-        """Envs cut by a time limit at ``step`` get gamma * V(final obs) added to that step's return.
-
-        The step stays done, so nothing of the next episode leaks in, but the return goes
-        on as if the episode had. Kept apart from the rewards so reward clipping leaves it alone.
-        """
-        self.bootstrap[step, envs] = cfg.gamma * final_values.float()
-
-    def next_rollout(self) -> None:
-        self.obs[0].copy_(self.obs[-1])
-        self.bootstrap.zero_()
+make_rollouts = LocalRollouts
 
 
 def make_optimizer(model: nn.Module, cfg: A2CConfig) -> torch.optim.Optimizer:

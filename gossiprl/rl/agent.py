@@ -1,7 +1,8 @@
 """One PALA/GALA agent: a learner that hands its parameters to gossip after each update.
 
-``train`` is the whole agent in one loop: act n_steps in every env, one update by the learner
-``--algo`` names (``learners``: A2C, PPO), then (every ``gossip_every`` updates)
+``train`` is the whole agent in one loop: take a filled rollout from the learner's source (its
+own envs stepped n_steps, or IMPALA's actors), one update by the learner ``--algo`` names
+(``learners``: A2C, PPO, IMPALA), then (every ``gossip_every`` updates)
 ``gossip.exchange(flat_params)``, which mixes the peers' parameters into ours in place. The loop
 knows nothing about sockets or topologies; any object with that one method will do, and
 ``gossip=None`` is plain single-agent training.
@@ -26,8 +27,6 @@ import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from gossiprl.rl.a2c import Rollout
-from gossiprl.rl.envs import make_env
 from gossiprl.rl.learners import LEARNERS
 from gossiprl.rl.models import flatten_parameters, make_model
 from gossiprl.rl.settings import AgentConfig, thread_plan
@@ -97,7 +96,8 @@ def train(
     launcher can judge the whole swarm (the solve threshold over all agents' last 100
     episodes), and its last gossip's consensus distance (None before its first gossip).
     The summary's ``frames`` and ``run_wall_seconds`` count every session of the run (from the
-    checkpoint's counters), ``wall_seconds`` and ``fps`` only this one.
+    checkpoint's counters), ``wall_seconds`` and ``fps`` only this one; the rollout source's stats
+    (IMPALA's 'impala/policy_lag_mean' ...) are averaged over this session's updates.
     """
     agent_dir = Path(run_dir) / f"agent-{rank}"
     agent_dir.mkdir(parents=True, exist_ok=True)
@@ -139,18 +139,12 @@ def train(
         # an overlapped round moves the swarm's mean by u / (2 - p_ii): scale u back up (docs/algorithm.md)
         hp = replace(hp, lr=hp.lr * (2.0 - gossip.self_weight))
 
-    envs = make_env(
-        cfg.env_id,
-        hp.num_envs,
-        int(rng.integers(2**30)),
-        sticky_actions=cfg.sticky_actions,
-        num_threads=threads["env"],
-    )
+    source = learner.make_rollouts(cfg, hp, int(rng.integers(2**30)), threads["env"])
     # The network's initial weights: one draw for the whole swarm (GALA starts every agent from the
     # same parameters, so the first mixes average networks that agree instead of unrelated ones),
     # or the agent's own with shared_init off. Its actions always come from its own stream.
     torch.manual_seed(cfg.seed if cfg.shared_init else int(rng.integers(2**31)))
-    model = make_model(envs.observation_space, envs.action_space).to(device)
+    model = make_model(source.observation_space, source.action_space).to(device)
     torch.manual_seed(int(rng.integers(2**31)))
     flat_params = flatten_parameters(model)
     optimizer = learner.make_optimizer(model, hp)
@@ -169,10 +163,8 @@ def train(
             flush=True,
         )
 
-    first_obs = torch.from_numpy(envs.reset())
-    rollout = Rollout(hp.n_steps, hp.num_envs, first_obs.shape[1:], first_obs.dtype, device)
-    rollout.obs[0].copy_(first_obs)
-    frames_per_update = hp.n_steps * hp.num_envs * envs.frames_per_step
+    rollout = source.start(model, flat_params, device)
+    frames_per_update = source.frames_per_update
     log = MetricsLog(agent_dir, resume, purge_step=counters["frames"] if checkpoint else None)
 
     updates, frames, episodes = counters["updates"], counters["frames"], counters["episodes"]
@@ -186,29 +178,20 @@ def train(
     returns_since_report: list[float] = []
     last_report = start
     gossip_stats: dict[str, float] = {}
+    source_stats: dict[str, float] = {}
+    source_totals: dict[str, float] = {}  # each source stat summed over this session's updates, for the summary
 
     # One flag, computed once per update, both ends the loop and triggers the final log row and
     # checkpoint: a stop that arrived between two separate checks used to end the loop unsaved.
     finished = frames >= cfg.total_frames or (stop is not None and stop.is_set())
     while not finished:
         t0 = time.perf_counter()
-        for step in range(hp.n_steps):
-            with torch.inference_mode():
-                logits, _ = model(rollout.obs[step])
-                actions = sample(logits)
-            obs, rewards, dones, (cut, final_obs) = envs.step(actions.cpu().numpy())
-            rollout.actions[step] = actions
-            rollout.obs[step + 1].copy_(torch.from_numpy(obs))
-            rollout.rewards[step].copy_(torch.from_numpy(rewards))
-            rollout.dones[step].copy_(torch.from_numpy(dones))
-            if len(cut):  # time limit: bootstrap from the state the episode was cut in
-                with torch.no_grad():
-                    _, cut_values = model(torch.from_numpy(final_obs).to(device))
-                rollout.truncation_bonus(step, torch.from_numpy(cut).to(device), cut_values, hp)
+        source_stats = source.next(updates)
+        for key, value in source_stats.items():
+            source_totals[key] = source_totals.get(key, 0.0) + value
         t1 = time.perf_counter()
 
         losses = learner.update(model, optimizer, rollout, hp, progress=frames / cfg.total_frames)
-        rollout.next_rollout()
         updates += 1
         frames += frames_per_update
         t2 = time.perf_counter()
@@ -225,7 +208,7 @@ def train(
             steady = (t3, frames, dict(timing))
         last_update_end = t3
 
-        for episode_return, _ in envs.pop_episodes():
+        for episode_return, _ in source.pop_episodes():
             recent_returns.append(episode_return)
             returns_since_log.append(episode_return)
             returns_since_report.append(episode_return)
@@ -255,6 +238,7 @@ def train(
                 "mean_return_100": float(np.mean(recent_returns)) if recent_returns else None,
                 "fps": (frames - last_log_frames) / max(now - last_log_time, 1e-9),
                 **{k: float(v) for k, v in losses.items()},
+                **source_stats,
                 **gossip_stats,
             }
             log.write(row, {f"timing/{k}_s": v for k, v in timing.items()})
@@ -291,7 +275,7 @@ def train(
 
     wall = time.perf_counter() - start
     log.close()
-    envs.close()
+    source.close()
     return {
         "frames": frames,
         "wall_seconds": wall,
@@ -303,6 +287,7 @@ def train(
         **{f"{k}_share": v / max(wall, 1e-9) for k, v in timing.items()},
         **{f"{k}_s": v for k, v in timing.items()},
         **steady_figures(steady, last_update_end, frames, timing),
+        **{key: total / max(updates - counters["updates"], 1) for key, total in source_totals.items()},
     }
 
 
@@ -317,13 +302,6 @@ def steady_figures(steady, until: float, frames: int, timing: dict[str, float]) 
         "steady_fps": (frames - frames_then) / wall,
         **{f"steady_{k}_share": (v - timing_then[k]) / wall for k, v in timing.items()},
     }
-
-
-def sample(logits: torch.Tensor) -> torch.Tensor:
-    """One action per row from softmax(logits), by the Gumbel-max trick: argmax(logits + Gumbel
-    noise) is distributed as the softmax, in three elementwise ops and no normalisation (0.14 ms
-    less per step of 16 envs than softmax + multinomial on one thread)."""
-    return (logits - torch.empty_like(logits).exponential_().log()).argmax(-1)
 
 
 def pick_device(device: str, rank: int) -> torch.device:

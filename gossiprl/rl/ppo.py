@@ -19,8 +19,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from gossiprl.rl.a2c import Rollout
 from gossiprl.rl.envs import is_atari, is_minatar
+from gossiprl.rl.rollouts import LocalRollouts, Rollout
 from gossiprl.rl.settings import PPOConfig
 
 
@@ -103,6 +103,9 @@ def ppo_loss(
             "losses/clipfrac": ((ratio - 1).abs() > cfg.clip_coef).float().mean(),
         }
     return loss, metrics
+
+
+make_rollouts = LocalRollouts
 
 
 def make_optimizer(model: nn.Module, cfg: PPOConfig) -> torch.optim.Optimizer:

@@ -1,7 +1,7 @@
-"""The agent's settings, the learners' (A2CConfig, PPOConfig) and AgentConfig: plain dataclasses,
+"""The agent's settings, the learners' (A2CConfig, PPOConfig, ImpalaConfig) and AgentConfig: plain dataclasses,
 importable without torch.
 
-They live apart from the learners (``a2c``, ``ppo``) and the loop (``agent``), which need torch, because
+They live apart from the learners (``a2c``, ``ppo``, ``impala``) and the loop (``agent``), which need torch, because
 the command line is built from them (``gossiprl.config``) and must start, and print its help,
 on the comms-only install. Each field's default and attribute docstring are its one
 declaration: ``gossiprl run --help`` shows that docstring. ``field(metadata=...)`` carries what
@@ -102,7 +102,52 @@ class PPOConfig:
     Logged episode returns are always the raw score."""
 
 
-LEARNERS = {"a2c": A2CConfig, "ppo": PPOConfig}
+@dataclass
+class ImpalaConfig:
+    actors_per_agent: int = field(default=2, metadata={"min": 1})
+    """Actor threads per learner, each stepping its own --num-envs envs with the newest parameters
+    it has been given (the paper's actors; one agent is one IMPALA learner)."""
+    num_envs: int = field(default=4, metadata={"min": 1})
+    """Environments each actor steps in lockstep: one unroll is --n-steps x this many env steps."""
+    n_steps: int = field(default=20, metadata={"min": 1})
+    """Unroll length: steps per env in each trajectory an actor hands over (the paper's 20)."""
+    batch_size: int | None = field(default=None, metadata={"min": 1})
+    """Unrolls per update. None: 8 on Atari and MinAtar games (with 4 envs per actor, the paper's
+    batch of 32 trajectories of 20 steps), 2 on control tasks (on CartPole, seed 1, 8 had reached a mean
+    return of 330 of 475 after 1M frames, 2 solved in 235k; docs/algorithm.md)."""
+    queue_size: int | None = field(default=None, metadata={"min": 1})
+    """Unrolls the trajectory queue holds; a full queue blocks the actors (back-pressure) rather
+    than dropping their work, which bounds the policy lag. None: two batches."""
+    lr: float = field(default=6e-4, metadata={"min": 0, "min_open": True})
+    """RMSProp learning rate (the paper's Atari 6e-4), annealed linearly to 0 with --anneal-lr."""
+    anneal_lr: bool = True
+    """Decay the learning rate linearly to 0 over this agent's --total-frames, as the paper does."""
+    rmsprop_alpha: float = field(default=0.99, metadata={"min": 0, "max": 1})
+    """RMSProp smoothing constant (the paper's decay 0.99)."""
+    rmsprop_eps: float = field(default=1e-5, metadata={"min": 0, "min_open": True})
+    """RMSProp epsilon. The paper's 0.01 divides a loss summed over its 32 x 20 samples; this loss
+    is their mean, whose gradient is 640 times smaller, so 0.01 / 640 = 1.6e-5 does the same; 1e-5 is A2C's."""
+    gamma: float = field(default=0.99, metadata={"min": 0, "max": 1})
+    """Discount factor."""
+    rho_bar: float = field(default=1.0, metadata={"min": 0, "min_open": True})
+    """V-trace's truncation of the importance weight pi/mu in the value targets and the policy
+    gradient (the paper's rho-bar, 1): the target is the value of a policy between mu and pi."""
+    c_bar: float = field(default=1.0, metadata={"min": 0, "min_open": True})
+    """V-trace's truncation of the trace-cutting weights (the paper's c-bar, 1): how far back a TD
+    error of a later step reaches."""
+    entropy_coef: float | None = field(default=None, metadata={"min": 0})
+    """Weight of the entropy bonus. None: the paper's 0.01 on Atari and MinAtar games, 0 on control
+    tasks (A2C's reason: on CartPole a bonus keeps the sampled policy from averaging 475)."""
+    value_coef: float = field(default=0.5, metadata={"min": 0})
+    """Weight of the squared V-trace error (v_s - V)^2 against the policy loss (the paper's baseline cost)."""
+    max_grad_norm: float = field(default=0.5, metadata={"min": 0, "min_open": True})
+    """Global gradient-norm clip (A2C's; the paper's 40 is on a summed loss)."""
+    clip_rewards: bool | None = None
+    """Clip rewards to [-1, 1] in the loss, as the paper does. None means: on for Atari, off
+    otherwise. Logged episode returns are always the raw score."""
+
+
+LEARNERS = {"a2c": A2CConfig, "ppo": PPOConfig, "impala": ImpalaConfig}
 """Each --algo and its hyperparameters: AgentConfig holds one section per learner, of the same name."""
 
 
@@ -162,12 +207,15 @@ class AgentConfig:
     stop_at_return: float | None = field(default=None, metadata={"may_change_on_resume": True})
     """Stop early once the mean of this agent's last 100 finished episodes reaches this."""
     algo: str = field(default="a2c", metadata={"choices": tuple(LEARNERS)})
-    """The learner, i.e. the update rule between two rollouts: 'a2c' (the PALA / GALA papers') or
-    'ppo' (CleanRL's clipped PPO). Its hyperparameters are the flags marked with its name."""
+    """The learner, i.e. the update rule between two rollouts: 'a2c' (the PALA / GALA papers'), 'ppo'
+    (CleanRL's clipped PPO) or 'impala' (actor threads and a V-trace learner, Espeholt et al. 2018).
+    Its hyperparameters are the flags marked with its name."""
     a2c: A2CConfig = field(default_factory=A2CConfig)
     """A2C's hyperparameters (paper defaults), used with --algo a2c."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO's hyperparameters (CleanRL's defaults), used with --algo ppo."""
+    impala: ImpalaConfig = field(default_factory=ImpalaConfig)
+    """IMPALA's hyperparameters (the paper's defaults), used with --algo impala."""
 
 
 def host_cores() -> int:

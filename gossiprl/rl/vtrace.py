@@ -11,9 +11,8 @@ trace of later errors by c_i = lambda min(c_bar, pi / mu):
 computed backwards as v_s - V(x_s) = delta_s + gamma_s c_s (v_{s+1} - V(x_{s+1})) (the paper's
 Remark 1). rho_bar sets which value function v converges to (that of a policy between mu and pi;
 pi itself for rho_bar = inf), c_bar how fast; both are 1 in the paper's experiments. On-policy
-(pi = mu) with lambda = 1, v_s is the n-step return. This is the learner-side math only: the
-actor processes that produce the trajectories, and the queue between them, are not built yet
-(docs/algorithm.md, "IMPALA").
+(pi = mu) with lambda = 1, v_s is the n-step return. The learner that uses it is ``impala``, its
+actors ``actors``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The `gossiprl` command as a user meets it: clear one-line errors, and real short runs."""
 
+import csv
 import importlib.util
 import json
 import re
@@ -202,6 +203,27 @@ def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_impala_ring_of_two_runs_end_to_end_and_logs_its_lag(tmp_path):
+    run_dir = tmp_path / "run"
+    small = ["--actors-per-agent", 2, "--num-envs", 2, "--n-steps", 5, "--batch-size", 2, "--queue-size", 2]
+    result = invoke(
+        "run", "--algo", "impala", "--agents", 2, "--topology", "ring", *small, "--total-frames", 2000,
+        "--log-every", 10, "--run-dir", run_dir, "--no-progress", "--stop-at-return", "none",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["agents"] == 2 and summary["frames"] >= 2000 and summary["episodes"] > 0
+    for rank in (0, 1):
+        with open(run_dir / f"agent-{rank}" / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert int(rows[-1]["updates"]) == 50  # 1000 frames per agent, 20 per update
+        assert all(float(row["gossip/consensus_distance"]) >= 0 for row in rows)
+        lags = [float(row["impala/policy_lag_max"]) for row in rows]
+        assert all(0 <= lag <= 10 for lag in lags), lags
+        assert all(0 <= float(row["impala/rho_clipped"]) <= 1 for row in rows)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
     """Ctrl-C or a scheduler's SIGTERM: agents stop, checkpoint, and no process is left behind."""
@@ -343,3 +365,5 @@ def test_bench_train_refuses_bad_flags_in_one_line():
     assert refused.exit_code == 2 and "'broker', 'shm', 'direct', 'auto'" in refused.output
     bad = invoke("bench", "train", "--agents", "1,x")
     assert bad.exit_code == 2 and "give ring sizes >= 2" in bad.output
+    bad = invoke("bench", "learners", "--actors", "0,2")
+    assert bad.exit_code == 2 and "give actor counts >= 1 separated by commas, e.g. 1,2,4" in bad.output

@@ -8,8 +8,8 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
-from gossiprl.rl.agent import sample
 from gossiprl.rl.envs import make_env
+from gossiprl.rl.rollouts import sample
 from gossiprl.rl.settings import AgentConfig, thread_plan
 
 pytest.importorskip("minatar")

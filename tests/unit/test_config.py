@@ -372,10 +372,18 @@ def test_algo_picks_the_section_the_shared_flags_set(tmp_path, recorded):
 @pytest.mark.parametrize(
     "args,words",
     [
-        (["--algo", "sac"], ["'sac' is not one of 'a2c', 'ppo'"]),
+        (["--algo", "sac"], ["'sac' is not one of 'a2c', 'ppo', 'impala'"]),
         (
             ["--algo", "ppo", "--rmsprop-alpha", 0.9],
-            ["--rmsprop-alpha: a setting of --algo a2c, not of --algo ppo; ppo takes", "--gae-lambda"],
+            ["--rmsprop-alpha: a setting of --algo a2c / impala, not of --algo ppo; ppo takes", "--gae-lambda"],
+        ),
+        (
+            ["--algo", "impala", "--clip-coef", 0.1],
+            ["--clip-coef: a setting of --algo ppo, not of --algo impala; impala takes", "--rho-bar", "--queue-size"],
+        ),
+        (
+            ["--algo", "a2c", "--actors-per-agent", 4],
+            ["--actors-per-agent: a setting of --algo impala, not of --algo a2c"],
         ),
         (
             ["--clip-coef", 0.1, "--update-epochs", 2],
@@ -394,7 +402,10 @@ def test_an_unknown_algo_or_another_learners_flag_is_refused_in_one_line(tmp_pat
 @pytest.mark.parametrize(
     "text,words",
     [
-        ('algo = "ppo"\nrmsprop_alpha = 0.9\n', ["--rmsprop-alpha: a setting of --algo a2c, not of --algo ppo"]),
+        (
+            'algo = "ppo"\nrmsprop_alpha = 0.9\n',
+            ["--rmsprop-alpha: a setting of --algo a2c / impala, not of --algo ppo"],
+        ),
         ("[agent]\nseed = 2\n[agent.ppo]\nclip_coef = 0.3\n", ["agent.ppo.clip_coef is a setting of --algo ppo"]),
     ],
 )
@@ -420,11 +431,28 @@ def test_a_ppo_run_resumes_as_ppo_and_refuses_another_algo(tmp_path, recorded):
     assert len(recorded) == 1
 
 
+def test_an_impala_run_resumes_as_impala_and_refuses_another_algo(tmp_path, recorded):
+    from gossiprl.rl.settings import ImpalaConfig
+
+    run_dir = tmp_path / "x"
+    run_dir.mkdir()
+    agent = asdict(AgentConfig(algo="impala", total_frames=2000, impala=ImpalaConfig(actors_per_agent=3)))
+    (run_dir / "config.json").write_text(json.dumps({"swarm": asdict(SwarmConfig(agents=1)), "agent": agent}))
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (_, cfg, _), _ = recorded[0]
+    assert cfg.algo == "impala" and cfg.impala.actors_per_agent == 3 and cfg.impala.n_steps == 20
+    for other in ("a2c", "ppo"):
+        result = invoke("run", "--run-dir", run_dir, "--resume", "--algo", other, "--no-progress")
+        assert result.exit_code == 1 and f"--algo {other} conflicts with the run's algo=impala" in result.output
+    assert len(recorded) == 1
+
+
 def test_a_config_json_from_before_algo_resumes_as_a2c(tmp_path, recorded):
     run_dir = tmp_path / "old"
     run_dir.mkdir()
     agent = asdict(AgentConfig(total_frames=1500, a2c=A2CConfig(lr=1e-3)))
-    del agent["algo"], agent["ppo"]
+    del agent["algo"], agent["ppo"], agent["impala"]
     (run_dir / "config.json").write_text(json.dumps({"swarm": asdict(SwarmConfig(agents=1)), "agent": agent}))
     result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
     assert result.exit_code == 1 and "recorded" in result.output, result.output

@@ -82,6 +82,18 @@ def test_finite_and_floating_alike_for_tensors_and_arrays():
     assert tensors.dtype_name(np.zeros(1, np.int16)) == "int16"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_finite_sees_every_bad_value_in_every_float_tensor_layout(dtype):
+    """finite reads CPU tensors through numpy views: strided, grad-carrying and numpy-less dtypes alike."""
+    weight = torch.nn.Parameter(torch.ones(6, 4, dtype=dtype))
+    assert tensors.finite(weight) and tensors.finite(weight.data.t()) and tensors.finite(weight.data[:, ::2])
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        t = torch.ones(6, 4, dtype=dtype)
+        t[5, 2] = bad
+        assert not tensors.finite(t) and not tensors.finite(t.t()) and not tensors.finite(t[:, ::2])
+        assert tensors.finite(t[:, 1::2])  # the view that skips the bad column
+
+
 @pytest.mark.parametrize("dtype,slot", [(torch.float32, np.float32), (torch.bfloat16, np.uint16)])
 def test_copy_into_a_slot_writes_the_tensors_bytes(dtype, slot):
     t = torch.randn(3, 4).to(dtype)

@@ -1,0 +1,168 @@
+"""IMPALA's learner on fixed data, and the hand-off between its actor threads and the learner."""
+
+import copy
+import math
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from gossiprl.rl import a2c, impala
+from gossiprl.rl.actors import ActorFailed, ActorPool, Batch
+from gossiprl.rl.models import MLPActorCritic, flatten_parameters
+from gossiprl.rl.settings import A2CConfig, AgentConfig, ImpalaConfig
+
+T, N, OBS, ACTIONS = 6, 5, 4, 3
+
+
+def fixed_batch(seed=0) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    batch = Batch(T, N, (OBS,), torch.float32, torch.device("cpu"), ACTIONS)
+    batch.obs.copy_(torch.randn(T + 1, N, OBS, generator=g))
+    batch.actions.copy_(torch.randint(0, ACTIONS, (T, N), generator=g))
+    batch.rewards.copy_(torch.randn(T, N, generator=g))
+    batch.dones.copy_((torch.rand(T, N, generator=g) < 0.25).float())
+    batch.bootstrap[2, 1] = 0.7  # a time-limit cut, as the actors record it
+    batch.dones[2, 1] = 1.0
+    return batch
+
+
+def same_settings(**impala_changes):
+    a2c_cfg = A2CConfig(lr=1e-2, entropy_coef=0.01, clip_rewards=False)
+    impala_cfg = ImpalaConfig(
+        lr=1e-2,
+        anneal_lr=False,
+        rmsprop_alpha=a2c_cfg.rmsprop_alpha,
+        rmsprop_eps=a2c_cfg.rmsprop_eps,
+        entropy_coef=0.01,
+        value_coef=a2c_cfg.value_coef,
+        max_grad_norm=a2c_cfg.max_grad_norm,
+        clip_rewards=False,
+        **impala_changes,
+    )
+    return a2c_cfg, impala_cfg
+
+
+def one_step_each(batch, a2c_cfg, impala_cfg, behaviour=None):
+    """The parameters and metrics after one A2C and one IMPALA update from the same network."""
+    torch.manual_seed(3)
+    model = MLPActorCritic(OBS, ACTIONS)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        acting_logits, _ = model(batch.obs[:-1].flatten(0, 1))
+    batch.behaviour_logits.copy_(acting_logits.view(T, N, ACTIONS) if behaviour is None else behaviour)
+    a2c_metrics = a2c.update(model, a2c.make_optimizer(model, a2c_cfg), batch, a2c_cfg)
+    impala_metrics = impala.update(twin, impala.make_optimizer(twin, impala_cfg), batch, impala_cfg)
+    return flatten_parameters(model), flatten_parameters(twin), a2c_metrics, impala_metrics
+
+
+def test_on_policy_with_no_truncation_an_impala_update_is_an_a2c_update():
+    a2c_params, impala_params, a2c_metrics, impala_metrics = one_step_each(fixed_batch(), *same_settings())
+    for name in ("losses/value_loss", "losses/policy_loss", "losses/entropy"):
+        torch.testing.assert_close(impala_metrics[name], a2c_metrics[name], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(impala_params, a2c_params, rtol=1e-5, atol=1e-6)
+    assert float(impala_metrics["impala/rho_clipped"]) == 0.0
+
+
+def test_off_policy_or_with_truncation_biting_it_is_not():
+    batch = fixed_batch()
+    a2c_params, impala_params, _, _ = one_step_each(batch, *same_settings(rho_bar=0.5, c_bar=0.5))
+    assert not torch.allclose(impala_params, a2c_params, rtol=1e-5, atol=1e-6)
+    other = torch.randn(T, N, ACTIONS, generator=torch.Generator().manual_seed(9))
+    a2c_params, impala_params, _, metrics = one_step_each(batch, *same_settings(), behaviour=other)
+    assert not torch.allclose(impala_params, a2c_params, rtol=1e-5, atol=1e-6)
+    assert 0.0 < float(metrics["impala/rho_clipped"]) < 1.0
+
+
+def test_rho_clipped_is_the_share_of_ratios_over_rho_bar():
+    batch = fixed_batch(1)
+    torch.manual_seed(3)
+    model = MLPActorCritic(OBS, ACTIONS)
+    with torch.no_grad():
+        logits, _ = model(batch.obs[:-1].flatten(0, 1))
+    pi = torch.log_softmax(logits, -1).view(T, N, ACTIONS)
+    batch.behaviour_logits.copy_(pi)
+    # a tenth of the logit's odds for the action taken on the first 9 steps: pi/mu = 10 - 9 pi(a)
+    # there, about 7 for this near-uniform policy; exactly 1 elsewhere
+    taken = batch.actions.flatten()[:9]
+    flat = batch.behaviour_logits.view(T * N, ACTIONS)
+    flat[torch.arange(9), taken] += math.log(0.1)
+    cfg = replace(same_settings()[1], rho_bar=1.5)
+    metrics = impala.update(model, impala.make_optimizer(model, cfg), batch, cfg)
+    assert float(metrics["impala/rho_clipped"]) == pytest.approx(9 / (T * N))
+
+
+def pool(**changes) -> ActorPool:
+    hp = ImpalaConfig(
+        **{"actors_per_agent": 2, "num_envs": 2, "n_steps": 4, "batch_size": 3, "queue_size": 4, **changes}
+    )
+    return ActorPool(AgentConfig(env_id="CartPole-v1"), hp, seed=5, env_threads=1)
+
+
+def start(source):
+    model = MLPActorCritic(4, 2)
+    flat = flatten_parameters(model)
+    return model, flat, source.start(model, flat, torch.device("cpu"))
+
+
+def test_every_unroll_reaches_the_learner_once_in_order_into_its_own_columns():
+    source = pool()
+    _, flat, batch = start(source)
+    seen = {0: [], 1: []}
+    try:
+        for version in range(12):
+            source.next(version)
+            for j, trajectory in enumerate(source.taken):
+                seen[trajectory.actor].append(trajectory.index)
+                columns = slice(2 * j, 2 * j + 2)
+                assert torch.equal(batch.obs[:, columns], trajectory.rollout.obs)
+                assert torch.equal(batch.actions[:, columns], trajectory.rollout.actions)
+                assert torch.equal(batch.behaviour_logits[:, columns], trajectory.logits)
+            flat.add_(0.01)  # a learner's update: the actors must act with the new parameters
+    finally:
+        source.close()
+    assert sum(len(indices) for indices in seen.values()) == 36
+    for indices in seen.values():  # none lost, none twice: each actor's unrolls arrive as 0, 1, 2, ...
+        assert indices == list(range(len(indices)))
+
+
+def test_a_full_queue_blocks_the_actors_and_one_actors_lag_stays_within_the_queue():
+    source = pool(actors_per_agent=1, batch_size=2, queue_size=4)
+    _, _, _ = start(source)
+    try:
+        deadline = time.monotonic() + 10
+        while (source.trajectories.qsize() < 4 or source.actors[0].unrolls < 4) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # time to run past a queue that did not block it
+        assert source.trajectories.qsize() == 4 and source.actors[0].unrolls == 4
+        # the unrolls queued behind an older version: at most 1 + queue_size // batch_size updates late
+        worst = max(source.next(version)["impala/policy_lag_max"] for version in range(10))
+    finally:
+        source.close()
+    assert 1 <= worst <= 1 + 4 // 2
+
+
+def test_an_actor_that_fails_ends_the_learner_with_its_error(monkeypatch):
+    source = pool()
+
+    def broken(actions):
+        raise ValueError("env exploded")
+
+    monkeypatch.setattr(source.envs[1], "step", broken)
+    start(source)
+    try:
+        with pytest.raises(ActorFailed, match="actor-1 failed: ValueError: env exploded"):
+            for version in range(5):
+                source.next(version)
+    finally:
+        source.close()
+
+
+def test_defaults_are_the_papers_on_games_and_smaller_batches_on_control_tasks():
+    games = impala.resolve_defaults(ImpalaConfig(), "MinAtar/Breakout-v1")
+    control = impala.resolve_defaults(ImpalaConfig(), "CartPole-v1")
+    assert (games.batch_size, games.queue_size, games.entropy_coef, games.n_steps) == (8, 16, 0.01, 20)
+    assert (control.batch_size, control.queue_size, control.entropy_coef) == (2, 4, 0.0)
+    given = impala.resolve_defaults(ImpalaConfig(batch_size=3, queue_size=1, entropy_coef=0.1), "CartPole-v1")
+    assert (given.batch_size, given.queue_size, given.entropy_coef) == (3, 1, 0.1)
