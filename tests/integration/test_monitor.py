@@ -2,7 +2,6 @@
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -128,12 +127,10 @@ def test_top_once_shows_every_agent_with_its_round_rate(swarm):
     )
     assert out.returncode == 0, out.stderr
     assert "2 agents, sync mode" in out.stdout
-    rows = {
-        int(m.group(1)): float(m.group(2))
-        for m in re.finditer(
-            r"^\S*\s*(\d)\s+\S*\s*(?:registered|parked)\s+\S*\s*0\s+\S*\s*\d+\s+\S*\s*([\d.]+)", out.stdout, re.M
-        )
-    }
+    rows = {}  # rank: rounds/s, of each agent registered (or parked between rounds) that never rejoined
+    for fields in (line.split() for line in out.stdout.splitlines()):
+        if len(fields) == 9 and fields[1] in ("registered", "parked") and fields[2] == "0":
+            rows[int(fields[0])] = float(fields[4])
     assert set(rows) == {0, 1} and all(rate > 0 for rate in rows.values()), out.stdout
 
 
