@@ -58,21 +58,29 @@ BROKER_SETTINGS = config.Settings(
 
 
 def load_topology(
-    spec: str, n: int | None, peers=None, time_varying=False, peers_per_round=None, topology_options=None
+    spec: str,
+    n: int | None,
+    peers=None,
+    time_varying=False,
+    peers_per_round=None,
+    topology_options=None,
+    hint="--topology",
 ):
     """--topology NAME|FILE and its options -> Topology (``settings.make_topology``), with one-line
-    errors that say what is valid."""
+    errors that say what is valid; ``hint`` names what the user typed the spec as (`topology show`
+    takes it as its argument SPEC). A family's errors are about its options, and name the one at
+    fault themselves."""
     if spec in topologies.NAMES and n is None:
         raise click.BadParameter(f"the {spec} topology needs the number of agents", param_hint="--agents")
     try:
         return make_topology(spec, n, peers, time_varying, peers_per_round, topology_options)
     except topologies.TopologyError as err:
-        raise click.BadParameter(str(err), param_hint="--topology") from None
+        raise click.BadParameter(str(err), param_hint=None if spec in topologies.NAMES else hint) from None
 
 
-def topology_of(values: dict, n: int | None):
+def topology_of(values: dict, n: int | None, hint="--topology"):
     """The topology that ``values`` (a command's flags, or a SwarmConfig's fields) ask for, for ``n`` agents."""
-    return load_topology(values["topology"], n, **{name: values[name] for name in TOPOLOGY_OPTIONS})
+    return load_topology(values["topology"], n, **{name: values[name] for name in TOPOLOGY_OPTIONS}, hint=hint)
 
 
 @click.group()
@@ -98,22 +106,26 @@ def broker(ctx, **_):
     _check_endpoint(cfg.bind, "--bind")
     topo = topology_of(ctx.params, cfg.agents)
     b = _start_broker(cfg, topo, ctx.params)
-    click.echo(
-        f"gossiprl broker on {b.address}: {topo.name} topology, {topo.n} agents, {mode} mode"
-        + (", CURVE keys required" if cfg.curve else "")
-    )
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    b.start()
-    stats_server = _serve_stats(b, cfg)
+    listener = _stats_listener(b, cfg)  # a port in use stops the broker before it prints or serves anything
+    stats_server = None
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill stops it as Ctrl-C does, and exits 143
+    status = 0
     try:
+        click.echo(
+            f"gossiprl broker on {b.address}: {topo.name} topology, {topo.n} agents, {mode} mode"
+            + (", CURVE keys required" if cfg.curve else "")
+        )
+        b.start()
+        stats_server = _serve_stats(b, cfg, listener)
         _serve(b, cfg, topo.n, as_json=cfg.stats_json or ctx.find_root().params["verbose"] > 0)
-    except (KeyboardInterrupt, SystemExit):
-        pass
+    except KeyboardInterrupt:
+        status = _interrupted_status(_signals_received[0] if _signals_received else signal.SIGINT)
     finally:
         if stats_server is not None:
             stats_server.close()
         b.close()
         click.echo("broker stopped")
+    sys.exit(status)
 
 
 def _start_broker(cfg: BrokerConfig, topo, swarm: dict):
@@ -170,15 +182,16 @@ def _check_keys(cfg: BrokerConfig) -> None:
     )
 
 
-def _serve_stats(b, cfg: BrokerConfig):
-    """The stats server --metrics-port asks for (None without it); the broker is closed if it cannot start."""
+def _stats_listener(b, cfg: BrokerConfig):
+    """The socket --metrics-port asks for (None without it), bound before the broker says it serves;
+    the broker is closed if it cannot be had."""
     if cfg.metrics_port is None:
         return None
-    from .monitor import StatsServer
+    from .monitor import listen
 
     try:
         require_prometheus()
-        server = StatsServer(b.stats, cfg.metrics_port, cfg.metrics_bind)
+        return listen(cfg.metrics_port, cfg.metrics_bind)
     except click.ClickException:
         b.close()
         raise
@@ -187,6 +200,15 @@ def _serve_stats(b, cfg: BrokerConfig):
         raise click.ClickException(
             f"cannot serve stats on {cfg.metrics_bind}:{cfg.metrics_port}: {err.strerror}"
         ) from None
+
+
+def _serve_stats(b, cfg: BrokerConfig, listener):
+    """The stats server on ``listener`` (None without one)."""
+    if listener is None:
+        return None
+    from .monitor import StatsServer
+
+    server = StatsServer(b.stats, listener, cfg.metrics_bind)
     click.echo(f"stats on {server.address}/metrics (Prometheus) and /stats; watch with `gossiprl top {server.address}`")
     return server
 
@@ -294,7 +316,7 @@ def topology_show(ctx, spec, agents, plot_path, **_):
             param_hint="-n",
         )
     n = None if spec not in topologies.NAMES and Path(spec).is_file() else agents
-    topo = topology_of({**ctx.params, "topology": spec}, n)
+    topo = topology_of({**ctx.params, "topology": spec}, n, hint="SPEC")
     try:
         click.echo(topo.describe())
         if plot_path:
@@ -547,6 +569,25 @@ def require_prometheus() -> None:
         raise click.ClickException("--metrics-port needs prometheus-client: pip install 'gossiprl[monitor]'") from None
 
 
+def metrics_listener(port: int | None, gossips: bool):
+    """--metrics-port of `gossiprl run`, bound before the run prints or makes anything: a port in use
+    is then an error before start-up (it used to come after the run's header, from the launcher)."""
+    if port is None:
+        return None
+    if not gossips:
+        raise click.BadParameter(
+            "serves the broker's stats, and a run of one agent without a topology has no broker",
+            param_hint="--metrics-port",
+        )
+    from .monitor import listen
+
+    require_prometheus()
+    try:
+        return listen(port)
+    except OSError as err:
+        raise click.ClickException(f"cannot serve stats on 127.0.0.1:{port}: {err.strerror}") from None
+
+
 def check_device(device: str) -> None:
     """Refuse --device cuda up front: otherwise every agent dies on its own with a torch error."""
     import torch
@@ -608,6 +649,12 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
     if swarm.topology is not None:
         topology_of(vars(swarm), swarm.agents)
     swarm = replace(swarm, stop_at_return=stop_target(swarm.stop_at_return, threshold))
+    if track:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise click.ClickException("--track needs wandb: pip install 'gossiprl[track]'") from None
+    stats_listener = metrics_listener(metrics_port, gossips=swarm.topology is not None)
     run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed, cfg.algo)
     layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "no gossip"
     click.echo(
@@ -615,13 +662,6 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
         + (f"; stops at mean return {swarm.stop_at_return}" if swarm.stop_at_return is not None else "")
     )
     click.echo(threads_line(replace(cfg, agents_per_host=swarm.agents), gossips=swarm.topology is not None))
-    if metrics_port is not None:
-        require_prometheus()
-    if track:
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            raise click.ClickException("--track needs wandb: pip install 'gossiprl[track]'") from None
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill gets the same clean stop as Ctrl-C
     try:
         summary = launch.run(
@@ -632,7 +672,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
             echo=click.echo,
             show_progress=progress,
             track={"project": wandb_project, "entity": wandb_entity} if track else None,
-            metrics_port=metrics_port,
+            metrics_port=stats_listener,
         )
     except (launch.RunError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
@@ -678,6 +718,7 @@ def end_lines(summary: dict, run_dir: Path) -> list[str]:
     before they leave, so the final window differs a little. Both are labelled, with each agent's
     own last-100 mean beside the pooled one (the pooled window holds mostly the fastest agents)."""
     from .agent_process import format_return
+    from .launch import CONSENSUS_EPISODES
 
     lines = []
     reason = summary["stopped_by"]
@@ -700,6 +741,11 @@ def end_lines(summary: dict, run_dir: Path) -> list[str]:
         lines.append(
             f"mean return {format_return(summary['mean_return'])} over the last "
             f"{min(100, summary['episodes'])} episodes of all agents, pooled{spread}"
+        )
+    if summary.get("consensus_return") is not None:
+        lines.append(
+            f"consensus policy (the mean of the agents' parameters): mean return "
+            f"{summary['consensus_return']:.1f} over {CONSENSUS_EPISODES} fresh episodes"
         )
     lines += [
         f"run dir {run_dir}",

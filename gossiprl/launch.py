@@ -20,6 +20,7 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -456,14 +457,15 @@ def run(
     echo=print,
     show_progress: bool = True,
     track: dict | None = None,
-    metrics_port: int | None = None,
+    metrics_port: int | socket.socket | None = None,
 ) -> dict:
     """Train a swarm on this host; returns (and writes) summary.json's contents.
 
     The swarm's budget is ``swarm.total_frames``: each agent's ``total_frames`` (and its
     ``agents_per_host``) is set from the swarm, whatever ``agent_cfg`` held. ``track``
     ({"project", "entity"}) mirrors the swarm's TensorBoard run to Weights & Biases;
-    ``metrics_port`` serves the broker's stats on loopback (``gossiprl top``, Prometheus)."""
+    ``metrics_port`` serves the broker's stats on loopback (``gossiprl top``, Prometheus): a port,
+    or a socket ``monitor.listen`` bound already."""
     from .rl.swarmlog import SwarmLog
 
     topo = make_topology(swarm)
@@ -508,10 +510,13 @@ def run(
     return summary
 
 
-def _listen(metrics_port: int):
-    """The stats server's socket, bound before the run dir is made: a port in use leaves nothing behind."""
+def _listen(metrics_port: int | socket.socket) -> socket.socket:
+    """The stats server's socket, bound before the run dir is made: a port in use leaves nothing behind
+    (the CLI binds it earlier still, before the run's header, and hands the socket in)."""
     from .monitor import listen
 
+    if isinstance(metrics_port, socket.socket):
+        return metrics_port
     try:
         return listen(metrics_port)
     except OSError as err:
@@ -540,9 +545,13 @@ def _summary(members: Swarm, timings: Timings, earlier_return: float) -> dict:
         "mean_return": progress.mean_return if progress.returns else earlier_return,
         "mean_return_definition": "mean of the last 100 episodes of all agents pooled (the stop rule); "
         "agents_mean_return / agents_min_return: mean and worst of each agent's "
-        "own last-100 mean",
+        "own last-100 mean; consensus_return: the consensus policy (the mean of the agents' final "
+        f"parameters) over {CONSENSUS_EPISODES} fresh episodes, as `gossiprl eval` scores it",
         "agents_mean_return": _mean([s["mean_return"] for s in summaries.values()]),
         "agents_min_return": min((s["mean_return"] for s in summaries.values()), default=math.nan),
+        "consensus_return": None
+        if members.stopped_by == "interrupted"
+        else _consensus_return(members.run_dir, members.echo),
         "episodes": progress.episodes,
         "agents": members.cfg.agents,
         "stopped_by": members.stopped_by,
@@ -565,6 +574,26 @@ def _earlier_summary(run_dir: Path) -> dict:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
+
+
+CONSENSUS_EPISODES = 10
+"""Fresh episodes the consensus policy plays when a run ends: `gossiprl eval`'s default, so summary.json
+holds the figure `gossiprl eval` prints for it (same episodes, seeds and sampled actions)."""
+
+
+def _consensus_return(run_dir: Path, echo) -> float | None:
+    """The consensus policy's mean return, for summary.json beside the agents' own; None where no agent
+    left a checkpoint or Ctrl-C cut the scoring short (a run that was interrupted is not scored)."""
+    from .rl.consensus import evaluate_consensus
+
+    echo(f"scoring the consensus policy (the mean of the agents' parameters) over {CONSENSUS_EPISODES} episodes")
+    try:
+        return evaluate_consensus(run_dir, episodes=CONSENSUS_EPISODES)["mean"]
+    except KeyboardInterrupt:  # the run itself is over: its summary is still written
+        echo("consensus policy not scored: interrupted")
+    except (FileNotFoundError, ValueError) as err:
+        echo(f"consensus policy not scored: {err}")
+    return None
 
 
 def _finite(value):

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .diagnostics import MAX_DENSE_N, Diagnostics, check_size, diagnose, summary_lines
-from .errors import TopologyError, _integer
+from .errors import TopologyError, _integer, did_you_mean
 from .families import FAMILIES, metropolis_hastings, phone_book
 
 __all__ = [
@@ -331,6 +331,7 @@ def make(name: str, n: int, **options: Any) -> Topology:
     if not isinstance(name, str) or name not in NAMES:
         raise TopologyError(
             f"unknown topology {name!r}; valid names: {', '.join(NAMES)} (or from_matrix() for a matrix of your own)"
+            + did_you_mean(name, NAMES)
         )
     n = _integer(n, "n")
     if n < 1:
@@ -338,7 +339,10 @@ def make(name: str, n: int, **options: Any) -> Topology:
     valid = _OPTIONS[name]
     for key in options:
         if key not in valid:
-            raise TopologyError(f"unknown option {key!r} for {name!r}; valid options: {', '.join(valid) or 'none'}")
+            raise TopologyError(
+                f"unknown option {key!r} for {name!r}; valid options: {', '.join(valid) or 'none'}"
+                + did_you_mean(key, valid)
+            )
     if name == "ring":
         return Topology._build(name, (_shift_matrix(n, _offsets(n, [1])),), {})
     if name == "full":
@@ -413,7 +417,7 @@ def from_spec(spec: str, n: int | None = None, **options: Any) -> Topology:
     if not Path(spec).is_file():
         raise TopologyError(
             f"{spec!r} is neither a topology ({', '.join(NAMES)}) nor an existing .npy/.csv file "
-            "holding a row-stochastic matrix"
+            "holding a row-stochastic matrix" + did_you_mean(spec, NAMES)
         )
     if given:
         raise TopologyError(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import operator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -20,3 +22,9 @@ def _integer(value: Any, what: str) -> int:
         return operator.index(value)
     except TypeError:
         raise TopologyError(f"{what} must be an integer, got {value!r}") from None
+
+
+def did_you_mean(word: Any, valid: Iterable[str]) -> str:
+    """``"; did you mean 'ring'?"`` for a near miss of one of ``valid`` (a typo), else ``""``."""
+    close = difflib.get_close_matches(str(word), list(valid), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -8,6 +8,7 @@ from the raw rewards, so they are the real game scores whether or not the loss c
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import re
 
@@ -59,7 +60,20 @@ def _unknown(env_id: str) -> ValueError:
         f"unknown env id {env_id!r}: use a gymnasium registry id (e.g. 'CartPole-v1', 'Acrobot-v1') "
         f"or an Atari id (e.g. 'ALE/Pong-v5', 'BreakoutNoFrameskip-v4') "
         f"or a MinAtar id (e.g. 'MinAtar/Breakout-v1'), or MODULE:ENV_ID for an env that MODULE registers"
+        + _did_you_mean(env_id)
     )
+
+
+def _did_you_mean(env_id: str) -> str:
+    """``"; did you mean 'CartPole-v1'?"`` for a near miss of an id a run accepts, else ``""``."""
+    if "minatar" in env_id.lower():  # its ids exist only once the (optional) package registers them
+        try:
+            _register_minatar()
+        except ValueError:
+            pass
+    accepted = [i for i, spec in gym.registry.items() if is_atari(i) or not str(spec.entry_point).startswith("ale_py")]
+    close = difflib.get_close_matches(env_id, accepted, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")

@@ -173,18 +173,25 @@ def record_videos(
     episode of an env with no time limit (the 27,000 steps ALE's own cap means).
     """
     out = Path(video_dir) / policy.name
-    env = gym.wrappers.RecordVideo(
-        render_env(policy), str(out), episode_trigger=lambda _: True, name_prefix=policy.name, disable_logger=True
-    )
-    generator = torch.Generator()
-    generator.manual_seed(seed)
+    driver = os.environ.get("SDL_VIDEODRIVER")
+    if driver is None:  # frames are drawn off-screen: without a display SDL printed an XDG_RUNTIME_DIR error per policy
+        os.environ["SDL_VIDEODRIVER"] = "dummy"
     try:
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            for _ in range(max_steps):
-                obs, _, terminated, truncated, _ = env.step(policy.act(obs, deterministic, generator))
-                if terminated or truncated:
-                    break
+        env = gym.wrappers.RecordVideo(
+            render_env(policy), str(out), episode_trigger=lambda _: True, name_prefix=policy.name, disable_logger=True
+        )
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        try:
+            for episode in range(episodes):
+                obs, _ = env.reset(seed=seed + episode)
+                for _ in range(max_steps):
+                    obs, _, terminated, truncated, _ = env.step(policy.act(obs, deterministic, generator))
+                    if terminated or truncated:
+                        break
+        finally:
+            env.close()  # pygame quits here, so a later window of this process reads SDL_VIDEODRIVER afresh
     finally:
-        env.close()
+        if driver is None:
+            del os.environ["SDL_VIDEODRIVER"]
     return sorted(out.glob("*.mp4"))

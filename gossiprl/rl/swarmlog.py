@@ -4,9 +4,14 @@ Per-agent curves show one learner; the question a swarm raises is how far apart 
 are (the worst agent, not the mean, says whether gossip carried everyone), so each figure is
 logged as mean, min and max over agents: the return (each agent's own last 100 episodes), the
 consensus distance (each agent's distance to its neighbours' parameters, from its gossip),
-lock wait and data-plane bytes (the broker's counters). The run's configuration goes in as
-TensorBoard hyperparameters with the final figures, so runs can be compared in the HPARAMS tab.
-``track`` mirrors it to Weights & Biases as CleanRL does (wandb's TensorBoard sync).
+lock wait and data-plane bytes (the broker's counters). Each agent's own figures go in too, as
+``agent-<rank>/...``: W&B mirrors this one run, not the agents' own (their writers live in other
+processes), so without them it showed the spread but never which agent lagged. Agents that left
+with BYE (``swarm/agents_left``: every agent at a clean finish) are counted apart from those the
+broker lost without one (``swarm/agents_lost``: crashed, killed, or silent past the peer timeout).
+The run's configuration goes in as TensorBoard hyperparameters with the final figures, so runs can
+be compared in the HPARAMS tab. ``track`` mirrors it to Weights & Biases as CleanRL does (wandb's
+TensorBoard sync).
 """
 
 from __future__ import annotations
@@ -64,13 +69,19 @@ class SwarmLog:
             return
         self.last_write = now
         step = sum(self.frames.values())
-        self._spread("swarm/return", [sum(r) / len(r) for r in self.returns.values() if r], step)
-        self._spread("swarm/consensus_distance", list(self.distance.values()), step)
+        figures = {"return": {r: sum(own) / len(own) for r, own in self.returns.items() if own}}
+        figures["consensus_distance"] = self.distance
         if broker_stats is not None:
-            agents = broker_stats["agents"].values()
-            self._spread("swarm/lock_wait_s", [a["publish_wait_s"] + a["collect_wait_s"] for a in agents], step)
-            self._spread("swarm/data_plane_bytes", [a["bytes_in"] + a["bytes_out"] for a in agents], step)
-            self.writer.add_scalar("swarm/agents_gone", sum(a["gone"] for a in agents), step)
+            agents = {int(rank): a for rank, a in broker_stats["agents"].items()}
+            figures["lock_wait_s"] = {r: a["publish_wait_s"] + a["collect_wait_s"] for r, a in agents.items()}
+            figures["data_plane_bytes"] = {r: a["bytes_in"] + a["bytes_out"] for r, a in agents.items()}
+            lost = sum(a["gone"] and not a["said_bye"] for a in agents.values())
+            self.writer.add_scalar("swarm/agents_left", sum(a["said_bye"] for a in agents.values()), step)
+            self.writer.add_scalar("swarm/agents_lost", lost, step)
+        for name, by_rank in figures.items():
+            self._spread(f"swarm/{name}", list(by_rank.values()), step)
+            for rank, value in sorted(by_rank.items()):
+                self.writer.add_scalar(f"agent-{rank}/{name}", value, step)
         self.writer.add_scalar("swarm/frames_per_s", step / max(now - self.start, 1e-9), step)
 
     def _spread(self, name: str, values: list[float], step: int) -> None:

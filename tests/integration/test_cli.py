@@ -1,9 +1,11 @@
 """The `gossiprl` command as a user meets it: clear one-line errors, and real short runs."""
 
 import csv
+import importlib.util
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import child_pids, invoke, is_running, start_endless_swarm, wait_for, wait_until_training
+from helpers import child_pids, free_port, invoke, is_running, start_endless_swarm, wait_for, wait_until_training
 
 
 def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
@@ -27,6 +29,14 @@ def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
     "args,words",
     [
         (["topology", "show", "wheel"], "neither a topology"),
+        (["topology", "show", "rign"], "Invalid value for SPEC: 'rign' is neither"),
+        (["topology", "show", "sparse", "--peers", "9"], "Invalid value: peers must be from 1 to 7"),
+        (["topology", "show", "hypercub"], "did you mean 'hypercube'?"),
+        (["run", "--topology", "rign"], "did you mean 'ring'?"),
+        (["run", "--topology", "sparse", "--option", "peer=2"], "did you mean 'peers'?"),
+        (["run", "--env", "CartPol-v1"], "did you mean 'CartPole-v1'?"),
+        (["run", "--env", "ALE/Pogn-v5"], "did you mean 'ALE/Pong-v5'?"),
+        (["run", "--agents", "1", "--metrics-port", "9100"], "a run of one agent without a topology has no broker"),
         (["run", "--agents", "0"], "0 is not in the range"),
         (["run", "--env", "NoSuchEnv-v9"], "NoSuchEnv-v9"),
         (["run", "--topology", "mesh"], "ring, sparse, full"),
@@ -44,6 +54,60 @@ def test_bad_input_gets_one_clear_error(args, words):
     result = invoke(*args)
     assert result.exit_code == 2
     assert words in result.output
+
+
+def test_a_misspelt_topology_or_env_gets_no_guess_when_nothing_is_near():
+    assert "did you mean" not in invoke("run", "--topology", "wheel").output
+    assert "did you mean" not in invoke("run", "--env", "Nonsense").output
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
+def test_track_without_wandb_is_refused_before_the_run_starts(tmp_path):
+    result = invoke("run", "--agents", 2, "--track", "--run-dir", tmp_path / "run", "--no-progress")
+    assert result.exit_code == 1 and "--track needs wandb" in result.output
+    assert "agent(s) on" not in result.output, "the run's header came before the error"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", [["run", "--agents", 2, "--no-progress"], ["broker", "--agents", 2]])
+def test_a_taken_metrics_port_is_refused_before_start_up(tmp_path, command):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        where = ["--bind", f"tcp://127.0.0.1:{free_port()}", "--insecure"] if command[0] == "broker" else []
+        where = ["--run-dir", tmp_path / "run"] if command[0] == "run" else where
+        result = invoke(*command, *where, "--metrics-port", port)
+    assert result.exit_code == 1 and f"cannot serve stats on 127.0.0.1:{port}" in result.output, result.output
+    assert "agent(s) on" not in result.output and "broker on" not in result.output, "start-up came before the error"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_broker_stopped_by_a_signal_exits_as_run_and_agent_do(sig):
+    broker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gossiprl.cli",
+            "broker",
+            "-n",
+            "2",
+            "--bind",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--insecure",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    banner = ""
+    while "gossiprl broker on" not in banner:  # after the --insecure warning
+        line = broker.stdout.readline()
+        assert line, f"the broker exited: {banner}"
+        banner += line
+    broker.send_signal(sig)
+    output, _ = broker.communicate(timeout=30)
+    assert broker.returncode == 128 + sig, output  # 130 for Ctrl-C, 143 for SIGTERM (it exited 0)
+    assert "broker stopped" in output
 
 
 def test_run_builds_the_family_with_the_options_topology_show_takes(monkeypatch, tmp_path):
@@ -111,9 +175,15 @@ def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(swarm_run):
         assert "gossip/consensus_distance" in header and "mean_return_100" in header
         assert (agent_dir / "checkpoint.pt").stat().st_size > 0
         assert any(p.name.startswith("events.out.tfevents") for p in agent_dir.iterdir())
-    result = invoke("eval", run_dir, "--episodes", 3, "--json")
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["overall"]["episodes"] == 6
+    evaluated = invoke("eval", run_dir, "--episodes", 3, "--json")
+    assert evaluated.exit_code == 0, evaluated.output
+    assert json.loads(evaluated.output)["overall"]["episodes"] == 6
+    # the consensus policy's score, as `gossiprl eval` (10 episodes by default) prints it: only eval had it
+    consensus = json.loads(invoke("eval", run_dir, "--json").output)["consensus"]
+    assert summary["consensus_return"] == consensus["mean"] and consensus["agents"] == 2
+    assert "consensus_return: the consensus policy" in summary["mean_return_definition"]
+    line = f"consensus policy (the mean of the agents' parameters): mean return {consensus['mean']:.1f} over 10"
+    assert line in result.output
 
 
 @pytest.mark.timeout(120)

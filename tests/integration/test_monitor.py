@@ -2,7 +2,6 @@
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -130,13 +129,76 @@ def test_top_once_shows_every_agent_with_its_round_rate(swarm):
     )
     assert out.returncode == 0, out.stderr
     assert "2 agents, sync mode" in out.stdout
-    rows = {
-        int(m.group(1)): float(m.group(2))
-        for m in re.finditer(
-            r"^\S*\s*(\d)\s+\S*\s*(?:registered|parked)\s+\S*\s*0\s+\S*\s*\d+\s+\S*\s*([\d.]+)", out.stdout, re.M
-        )
-    }
+    rows = {}  # rank: rounds/s, of each agent registered (or parked between rounds) that never rejoined
+    for fields in (line.split() for line in out.stdout.splitlines()):
+        if len(fields) == 9 and fields[1] in ("registered", "parked") and fields[2] == "0":
+            rows[int(fields[0])] = float(fields[4])
     assert set(rows) == {0, 1} and all(rate > 0 for rate in rows.values()), out.stdout
+
+
+@pytest.fixture
+def stats_server():
+    """A real two-agent broker with no agents yet, and its stats server on a free loopback port."""
+    import topologies
+    from brokers import close_broker, new_broker
+    from gossiprl.monitor import StatsServer
+
+    broker = new_broker(topologies.make("ring", 2))
+    server = StatsServer(broker.stats, 0)
+    yield broker, server
+    server.close()
+    assert close_broker(broker)
+
+
+def test_top_fits_80_columns_with_the_widest_figures_a_run_reaches(stats_server):
+    """A new user's 80-column terminal cut 'rejoined' to 'rejoin…' and wrapped 'lock wait' over two lines."""
+    import copy
+    import io
+
+    from rich.console import Console
+
+    from gossiprl.monitor import agent_rows, render
+
+    broker, _ = stats_server
+    after = broker.stats()
+    for agent in after["agents"].values():  # a week-long run: 7-digit rounds, terabytes through the broker
+        agent.update(registered=True, registrations=13, round=1_234_567, bytes_in=999.9e12, bytes_out=999.9e9)
+    before = copy.deepcopy(after)
+    before["uptime_s"] -= 2.0
+    first, second = before["agents"].values()
+    first["publish_wait_s"] -= 2.0  # waited the whole 2 s
+    second["bytes_in"] -= 1.9e9  # 1.9 GB in the last 2 s: 950 MB/s
+    out = io.StringIO()
+    Console(file=out, width=80).print(render(after, agent_rows(before, after)))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in out.getvalue(), out.getvalue()
+    (header,) = [line for line in lines if line.startswith("rank")]
+    assert header.split() == ["rank", "state", "rejoins", "round", "rounds/s", "lock", "wait", "in", "out", "bytes/s"]
+    rows = [line.split() for line in lines if line.split()[:2] in (["0", "registered"], ["1", "registered"])]
+    assert rows == [
+        ["0", "registered", "12", "1234567", "0.00", "100%", "999.9T", "999.9G", "0B"],
+        ["1", "registered", "12", "1234567", "0.00", "0%", "999.9T", "999.9G", "950.0M"],
+    ], out.getvalue()
+
+
+def test_top_into_a_pipe_prints_each_view_as_it_comes(stats_server):
+    """Not a terminal (a pipe, a file, a CI log): rich's live redraw printed nothing until the command ended."""
+    _, server = stats_server
+    top = subprocess.Popen(
+        [sys.executable, "-c", "from gossiprl.cli import main; main()", "top", server.address, "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(top.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: sum(line.startswith("rank ") for line in lines) >= 3, 60, "no views came", process=top)
+    finally:
+        top.terminate()
+        top.wait(30)
+    assert sum(line.startswith("broker ") for line in lines) >= 3, lines
 
 
 def test_top_without_a_stats_server_is_one_line():

@@ -42,6 +42,7 @@ def test_the_end_of_a_run_labels_each_return_and_says_what_to_do_next(tmp_path):
         "mean_return": 491.9,
         "stopped_by": "solved: mean return 496.3 >= 475.0",
         "per_agent": {0: agent, 1: {"mean_return": 363.3}},
+        "consensus_return": 500.0,
     }
     lines = end_lines(summary, tmp_path / "run")
     assert lines[0] == (
@@ -51,7 +52,8 @@ def test_the_end_of_a_run_labels_each_return_and_says_what_to_do_next(tmp_path):
     assert lines[2] == (
         "mean return 491.9 over the last 100 episodes of all agents, pooled; each agent's own last 100: 363.1 to 363.3"
     )
-    rest = "\n".join(lines[3:])
+    assert lines[3] == "consensus policy (the mean of the agents' parameters): mean return 500.0 over 10 fresh episodes"
+    rest = "\n".join(lines[4:])
     for command in (
         f"tensorboard --logdir {tmp_path / 'run'}",
         f"gossiprl eval {tmp_path / 'run'}",

@@ -1,6 +1,7 @@
 """load_policy and video on real checkpoints written by a short training run."""
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -80,10 +81,14 @@ def test_video_is_a_real_mp4(run_dir, tmp_path):
         assert frame.ndim == 3 and frame.shape[2] == 3 and frame.std() > 0
 
 
-def test_eval_video_writes_an_mp4_per_policy(run_dir, tmp_path):
+def test_eval_video_writes_an_mp4_per_policy(run_dir, tmp_path, capfd, monkeypatch):
     pytest.importorskip("imageio.v3", reason="the rl extra's video packages are not installed")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)  # a server, a container, ssh without a session
+    monkeypatch.delenv("SDL_VIDEODRIVER", raising=False)
     result = invoke("eval", run_dir, "--episodes", 2, "--video", tmp_path)
     assert result.exit_code == 0, result.output
+    assert "XDG_RUNTIME_DIR" not in capfd.readouterr().err  # SDL's own, written to fd 2 once per policy
+    assert "SDL_VIDEODRIVER" not in os.environ
     for name in ("consensus", "agent-0", "agent-1"):
         assert f"video: 1 episode(s) in {tmp_path / name}" in result.output
         (video,) = (tmp_path / name).glob("*.mp4")

@@ -36,11 +36,49 @@ def test_swarm_run_logs_spread_over_agents_with_hparams(swarm_run):
         assert low <= mean <= high, name
     assert scalars["swarm/consensus_distance_max"][-1] > 0
     assert scalars["swarm/data_plane_bytes_min"][-1] > 0
-    assert scalars["swarm/agents_gone"][0] == 0  # and all have left by the last point
+    assert scalars["swarm/agents_left"][-1] == 2 and set(scalars["swarm/agents_lost"]) == {0}  # a clean finish
+    for rank in (0, 1):  # each agent's own, which W&B shows too (it mirrors this run, not the agents')
+        assert scalars[f"agent-{rank}/return"][-1] > 0 and scalars[f"agent-{rank}/data_plane_bytes"][-1] > 0
     assert hparams["swarm.topology"] == "ring" and hparams["swarm.agents"] == 2
     lr = json.loads((swarm_run / "config.json").read_text())["agent"]["a2c"]["lr"]
     assert hparams["agent.a2c.lr"] == pytest.approx(lr)
     assert scalars["hparam/frames"][-1] >= 40000
+
+
+def test_each_agents_figures_and_how_it_left_are_logged_beside_the_spread(tmp_path):
+    """W&B mirrors only the swarm's run, which held the spread over agents and no agent's own
+    figures; and an agent that left with BYE at a clean finish was counted in swarm/agents_gone."""
+    import topologies
+    from brokers import close_broker, new_broker
+    from gossiprl.rl.swarmlog import SwarmLog
+
+    broker = new_broker(topologies.make("ring", 3))
+    stats = broker.stats()
+    assert close_broker(broker)
+    for rank, agent in stats["agents"].items():
+        agent.update(publish_wait_s=0.5 * rank, collect_wait_s=0.25, bytes_in=1000 * (rank + 1), bytes_out=10)
+    stats["agents"][0].update(gone=True, said_bye=True)  # finished and said goodbye
+    stats["agents"][1].update(gone=True, said_bye=False)  # crashed, or silent past the peer timeout
+    log = SwarmLog(tmp_path, {"swarm": {"agents": 3}})
+    for rank, returns, distance in ((0, [10.0, 20.0], 0.5), (1, [40.0], 0.25), (2, [], None)):
+        log.add(rank, {"frames": 100, "returns": returns, "consensus_distance": distance})
+    log.write(stats, force=True)
+    log.close({})
+    scalars, _ = read_events(tmp_path / "swarm")
+    assert {tag: values[-1] for tag, values in scalars.items() if tag.startswith("agent-")} == {
+        "agent-0/return": 15.0,
+        "agent-1/return": 40.0,
+        "agent-0/consensus_distance": 0.5,
+        "agent-1/consensus_distance": 0.25,
+        "agent-0/lock_wait_s": 0.25,
+        "agent-1/lock_wait_s": 0.75,
+        "agent-2/lock_wait_s": 1.25,
+        "agent-0/data_plane_bytes": 1010,
+        "agent-1/data_plane_bytes": 2010,
+        "agent-2/data_plane_bytes": 3010,
+    }
+    assert scalars["swarm/agents_left"] == [1] and scalars["swarm/agents_lost"] == [1]
+    assert scalars["swarm/return_min"] == [15.0] and scalars["swarm/lock_wait_s_max"] == [1.25]
 
 
 def test_track_mirrors_the_swarm_run_to_wandb_offline(swarm_run):
