@@ -111,11 +111,11 @@ def broker(ctx, **_):
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill stops it as Ctrl-C does, and exits 143
     status = 0
     try:
+        b.start()  # before the banner: a signal sent once it is printed finds the broker serving
         click.echo(
             f"gossiprl broker on {b.address}: {topo.name} topology, {topo.n} agents, {mode} mode"
             + (", CURVE keys required" if cfg.curve else "")
         )
-        b.start()
         stats_server = _serve_stats(b, cfg, listener)
         _serve(b, cfg, topo.n, as_json=cfg.stats_json or ctx.find_root().params["verbose"] > 0)
     except KeyboardInterrupt:

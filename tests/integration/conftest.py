@@ -48,4 +48,5 @@ def swarm_run(tmp_path_factory):
             *track,
         )
     assert result.exit_code == 0, result.output
+    (run_dir.parent / "output.txt").write_text(result.output)  # what the run printed, for tests of its end lines
     return run_dir
