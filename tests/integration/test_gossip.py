@@ -114,6 +114,31 @@ def test_a_diverged_agent_refuses_the_mix_and_blames_no_peer():
     np.testing.assert_array_equal(mine, before)
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch64"])
+def test_a_mix_vouches_for_our_parameters_only_when_it_found_every_one_finite(kind):
+    """MixResult.checked lets an overlapped agent send its letter unchecked (the letter is a copy of
+    the parameters the mix read): it must be False whenever some parameter went unread or was bad."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(N).astype(np.float32)
+    letter = {1: {"p": x + np.float32(1e-3)}}
+    weights = {0: 0.5, 1: 0.5}
+
+    def mine(bad=None):
+        arr = x.copy()
+        if bad is not None:
+            arr[-5] = bad
+        return {"p": torch.from_numpy(arr).double() if kind == "torch64" else arr}
+
+    assert mix(mine(), letter, weights, 0).checked
+    assert mix(mine(), letter, weights, 0, bound=DeviationBound()).checked
+    assert not mix(mine(), letter, weights, 0, check_finite=False).checked
+    assert not mix(mine(), {}, weights, 0).checked
+    for bad in (np.nan, np.inf):
+        assert not mix(mine(bad), letter, weights, 0).checked
+    poison = {1: {"p": np.where(np.arange(N) == N - 5, np.float32(np.nan), x)}}
+    assert not mix(mine(), poison, weights, 0).checked  # the only letter dropped: nothing mixed
+
+
 def test_a_late_bad_block_leaves_the_other_letters_mixed():
     rng = np.random.default_rng(3)
     x = rng.standard_normal(N).astype(np.float32)

@@ -107,3 +107,36 @@ def test_overlapped_gossip_absorbs_jitter_that_blocking_gossip_waits_out():
     blocking, overlapped = (waits[(0, o)] + waits[(1, o)] for o in (False, True))
     assert blocking > 0.6, waits  # 5 rounds x 0.2 s idle, on one side or the other
     assert overlapped < blocking / 4, waits
+
+
+@pytest.mark.parametrize("plane", ["broker", "shm"])
+def test_an_overlapped_agent_never_sends_parameters_gone_non_finite(plane):
+    """An overlapped round sends unchecked the letters a mix has vouched for (MixResult.checked); a
+    mix that refused our non-finite parameters vouches for nothing, so the client's own check still
+    stops the letter, the error surfaces at the next call, and the neighbour stays finite."""
+    broker = Broker(topologies.make("ring", 2), data_plane=plane).start()
+    errors, final = {}, {}
+
+    def agent(rank):
+        hook = Gossip(GossipClient(broker.address, rank, timeout=2), overlap=True, deviation_bound=None)
+        x = np.full(4, float(rank), dtype=np.float32)
+        try:
+            for k in range(6):
+                if rank == 0 and k == 4:
+                    x[1] = np.nan
+                hook.exchange(x)
+            hook.flush(x)
+        except ValueError as err:
+            errors[rank] = str(err)
+        finally:
+            hook.close()
+            final[rank] = x.copy()
+
+    try:
+        threads = [threading.Thread(target=agent, args=(r,)) for r in (0, 1)]
+        [t.start() for t in threads]
+        [t.join(60) for t in threads]
+    finally:
+        broker.close()
+    assert "NaN or infinity" in errors.get(0, ""), errors
+    assert 1 not in errors and np.isfinite(final[1]).all(), final
