@@ -138,6 +138,9 @@ def iqm_curve_interval(
     if runs.ndim != 3 or runs.shape[0] == 0 or runs.shape[1] == 0:
         raise ValueError(f"curves must be a non-empty (runs, members, points) array: {runs.shape}")
     point = _nan_iqm(runs.reshape(1, -1, runs.shape[2]))[0]
+    if len(runs) < MIN_RUNS:
+        _check(reps, size)
+        return point, np.full_like(point, np.nan), np.full_like(point, np.nan)
     low, high = _bootstrap([runs], lambda drawn: _nan_iqm(drawn[0]), reps, size, seed)
     reached = np.sum(~np.isnan(runs).all(axis=1), axis=0)
     thin = reached < MIN_RUNS

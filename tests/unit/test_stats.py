@@ -131,5 +131,7 @@ def test_curve_band_is_each_points_own_interval_and_skips_points_a_run_never_rea
     point, low, high = stats.iqm_curve_interval(curves, reps=500)
     assert point[2] == pytest.approx(stats.iqm(curves[:2, :, 2])) and np.isnan(low[2]) and np.isnan(high[2])
     assert not np.isnan(low[:2]).any()
+    point, low, high = stats.iqm_curve_interval(curves[:2])  # two seeds in all: no band anywhere
+    assert point[0] == pytest.approx(stats.iqm(curves[:2, :, 0])) and np.isnan(low).all() and np.isnan(high).all()
     with pytest.raises(ValueError, match="runs, members, points"):
         stats.iqm_curve_interval(np.zeros((3, 4)))
