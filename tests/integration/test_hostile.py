@@ -95,7 +95,7 @@ def _poke(address):
     sock.connect(address)
     for _ in range(50):
         sock.send_multipart([head("PING", seq=1)])
-        time.sleep(0.1)
+        time.sleep(0.1)  # the broker starts in invoke() at a moment this thread cannot see: keep knocking
     sock.close()
 
 
