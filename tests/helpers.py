@@ -52,6 +52,23 @@ def wait_for(ready, timeout, what, every=0.2, process=None):
     assert poll_until(ready, timeout, every, process), what() if callable(what) else what
 
 
+def agent_pids(launcher: int) -> list[int]:
+    """The agent processes of the `gossiprl run` with pid ``launcher``: the children of its
+    forkserver (where the platform has one), or the children it spawned."""
+
+    def children(pid: int) -> list[int]:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+    pids = []
+    for child in children(launcher):
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"multiprocessing.forkserver" in cmdline:
+            pids += children(child)
+        elif b"spawn_main" in cmdline:
+            pids.append(child)
+    return pids
+
+
 def in_thread(fn, *args):
     """Run fn in a daemon thread, so a test can check that a call blocks and when it returns.
 
