@@ -260,9 +260,7 @@ def _held_on_entering(clients):
     def held(session, *args, **kwargs):
         enter(session, *args, **kwargs)
         mine.ring()
-        until = time.monotonic() + 5
-        while time.monotonic() < until and not (writer.session() == session and (writer.sent(1) or writer.left())):
-            time.sleep(0.001)
+        poll_until(lambda: writer.session() == session and (writer.sent(1) or writer.left()), 5, every=0.001)
 
     mine.enter = held
 
