@@ -183,8 +183,10 @@ def axis_text(axis: str, arms: Arms, frames_per_agent: bool) -> str:
 
 def comparison_lines(name: str, arms: Arms, settings: list[str], frames_per_agent: bool) -> list[str]:
     """P(X > Y) with its interval and what it says, on every axis, for the claim's pairs and the
-    study's extra ones."""
-    claim = CLAIMS[name]
+    study's extra ones (none for a study with no claim here)."""
+    claim = CLAIMS.get(name)
+    if claim is None:
+        return []
     pairs = [(claim.better, other) for other in claim.than] + EXTRA.get(name, [])
     lines = []
     for x, y in dict.fromkeys(pairs):
@@ -201,7 +203,9 @@ def comparison_lines(name: str, arms: Arms, settings: list[str], frames_per_agen
 
 def claim_lines(name: str, arms: Arms, bounds: tuple[float, float], frames_per_agent: bool) -> list[str]:
     """The claim, the axis it is judged on and why, each comparison there, and the verdict."""
-    claim = CLAIMS[name]
+    claim = CLAIMS.get(name)
+    if claim is None:
+        return ["- No paper claim is recorded for this study in experiments/claims.py: no verdict."]
     axis = axis_text(claim.axis, arms, frames_per_agent)
     head = f"- **Claim**, {claim.source}: {claim.text}. Judged {axis}: {claim.why_axis}."
     if claim.void:

@@ -43,6 +43,7 @@ from gossiprl.rl.a2c import A2CConfig
 from gossiprl.rl.agent import AgentConfig
 from gossiprl.rl.consensus import evaluate_consensus
 from gossiprl.rl.envs import is_minatar
+from gossiprl.rl.learners import LEARNERS
 
 QUICK_ENV = "CartPole-v1"
 REAL_ENV = "MinAtar/Breakout-v1"
@@ -211,24 +212,31 @@ def load_rows(out: Path, cells: list[Cell] | None = None) -> list[dict]:
     return [rows[c.key] for c in cells if c.key in rows]
 
 
+def steps_per_update(cfg: AgentConfig) -> int:
+    """Env steps between two updates of the cell's learner (its envs x steps, times IMPALA's unrolls
+    per batch): sets how often a run logs, so every curve has about ``CURVE_ROWS`` points."""
+    hp = LEARNERS[cfg.algo].resolve_defaults(getattr(cfg, cfg.algo), cfg.env_id)
+    return hp.num_envs * hp.n_steps * getattr(hp, "batch_size", 1)
+
+
 def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_episodes: int) -> dict:
     run_dir = out / "runs" / cell.key
     if run_dir.exists():  # a cell cut short last time: its partial run is not a result
         shutil.rmtree(run_dir)
     per_agent = cell.total_frames // cell.agents
-    updates = max(1, per_agent // (cell.a2c.n_steps * cell.a2c.num_envs))
     agent_cfg = AgentConfig(
         env_id=env_id,
         seed=cell.seed,
         total_frames=per_agent,
         a2c=cell.a2c,
         gossip_every=cell.gossip_every,
-        log_every=max(1, updates // CURVE_ROWS),
         checkpoint_every=10**9,
         agents_per_host=cell.agents,
         device="cpu",
         **cell.agent,
     )
+    updates = max(1, per_agent // steps_per_update(agent_cfg))
+    agent_cfg = replace(agent_cfg, log_every=max(1, updates // CURVE_ROWS))
     start = time.perf_counter()
     if cell.swarm is None:
         summaries = _run_independent(cell.agents, agent_cfg, run_dir)

@@ -462,7 +462,7 @@ def main(results, output):
         "average of all agents' final parameters) are played for fresh episodes (how many: each study's setup) "
         "with sampled actions. "
         "Over seeds, as rliable (Agarwal et al. 2021) reports (experiments/stats.py, checked against rliable 1.2.0 "
-        "in tests/unit/test_stats.py): the interquartile mean (IQM) of every agent's own score, and the "
+        "in tests/unit/experiments/test_stats.py): the interquartile mean (IQM) of every agent's own score, and the "
         "probability of improvement P(X > Y), the chance that an agent of X ends above one of Y (ties 1/2), each "
         "with a 95 % percentile interval of a bootstrap that resamples whole seeds (a seed's agents share its "
         "gossip and are not independent); the figures draw the IQM at every point of the curves with the same "

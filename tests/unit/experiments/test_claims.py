@@ -81,3 +81,9 @@ def test_the_equal_total_gap_is_explained_by_steps_only_where_there_is_one():
     assert (
         "not measured here" in claims.equal_total_lines("swarm_vs_one", claims.Arms(None, rows({ONE: one})), BOUNDS)[0]
     )
+
+
+def test_a_study_with_no_recorded_claim_gets_no_verdict_rather_than_an_error():
+    arms = claims.Arms(None, rows({ONE: [[5.8], [6.0], [6.2]]}))
+    assert "no verdict" in claims.claim_lines("learners", arms, BOUNDS, frames_per_agent=True)[0]
+    assert claims.comparison_lines("learners", arms, [ONE], frames_per_agent=True) == []

@@ -12,6 +12,7 @@ from gossiprl.rl import a2c, impala
 from gossiprl.rl.actors import ActorFailed, ActorPool, Batch
 from gossiprl.rl.models import MLPActorCritic, flatten_parameters
 from gossiprl.rl.settings import A2CConfig, AgentConfig, ImpalaConfig
+from helpers import poll_until
 
 T, N, OBS, ACTIONS = 6, 5, 4, 3
 
@@ -135,9 +136,7 @@ def test_a_full_queue_blocks_the_actors_and_one_actors_lag_stays_within_the_queu
     source = pool(actors_per_agent=1, batch_size=2, queue_size=4)
     _, _, _ = start(source)
     try:
-        deadline = time.monotonic() + 10
-        while (source.trajectories.qsize() < 4 or source.actors[0].unrolls < 4) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poll_until(lambda: source.trajectories.qsize() >= 4 and source.actors[0].unrolls >= 4, 10, every=0.01)
         time.sleep(0.2)  # time to run past a queue that did not block it
         assert source.trajectories.qsize() == 4 and source.actors[0].unrolls == 4
         # the unrolls queued behind an older version: at most 1 + queue_size // batch_size updates late
