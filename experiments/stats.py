@@ -100,14 +100,8 @@ def _paired(x_tasks: Sequence, y_tasks: Sequence) -> tuple[list[np.ndarray], lis
 def iqm_interval(tasks: Sequence, reps: int = 50_000, size: float = 0.95, seed: int = 0) -> Estimate:
     """IQM over all tasks' scores pooled, with its stratified-bootstrap percentile interval."""
     groups = as_tasks(tasks)
-    return _estimate(
-        groups,
-        lambda drawn: _iqm_rows(np.concatenate(drawn, axis=1)),
-        iqm(np.concatenate([g.ravel() for g in groups])),
-        reps,
-        size,
-        seed,
-    )
+    interval = _bootstrap(groups, lambda drawn: _iqm_rows(np.concatenate(drawn, axis=1)), reps, size, seed)
+    return _estimate(iqm(np.concatenate([g.ravel() for g in groups])), interval)
 
 
 def improvement_interval(
@@ -116,14 +110,8 @@ def improvement_interval(
     """P(X > Y) with its interval: X's and Y's runs resampled independently, each within its task."""
     xs, ys = _paired(x_tasks, y_tasks)
     n = len(xs)
-    return _estimate(
-        xs + ys,
-        lambda drawn: _improvement_rows(drawn[:n], drawn[n:]),
-        probability_of_improvement(xs, ys),
-        reps,
-        size,
-        seed,
-    )
+    interval = _bootstrap(xs + ys, lambda drawn: _improvement_rows(drawn[:n], drawn[n:]), reps, size, seed)
+    return _estimate(probability_of_improvement(xs, ys), interval)
 
 
 def iqm_curve_interval(
@@ -138,10 +126,10 @@ def iqm_curve_interval(
     if runs.ndim != 3 or runs.shape[0] == 0 or runs.shape[1] == 0:
         raise ValueError(f"curves must be a non-empty (runs, members, points) array: {runs.shape}")
     point = _nan_iqm(runs.reshape(1, -1, runs.shape[2]))[0]
-    if len(runs) < MIN_RUNS:
-        _check(reps, size)
+    interval = _bootstrap([runs], lambda drawn: _nan_iqm(drawn[0]), reps, size, seed)
+    if interval is None:
         return point, np.full_like(point, np.nan), np.full_like(point, np.nan)
-    low, high = _bootstrap([runs], lambda drawn: _nan_iqm(drawn[0]), reps, size, seed)
+    low, high = interval
     reached = np.sum(~np.isnan(runs).all(axis=1), axis=0)
     thin = reached < MIN_RUNS
     return point, np.where(thin, np.nan, low), np.where(thin, np.nan, high)
@@ -157,19 +145,8 @@ def _nan_iqm(values: np.ndarray) -> np.ndarray:
         return np.where(kept, ordered, 0.0).sum(axis=1) / kept.sum(axis=1)
 
 
-def _estimate(
-    groups: list[np.ndarray],
-    statistic: Callable[[list[np.ndarray]], np.ndarray],
-    point: float,
-    reps: int,
-    size: float,
-    seed: int,
-) -> Estimate:
-    _check(reps, size)
-    if min(len(g) for g in groups) < MIN_RUNS:
-        return Estimate(point, None, None)
-    low, high = _bootstrap(groups, statistic, reps, size, seed)
-    return Estimate(point, float(low), float(high))
+def _estimate(point: float, interval: tuple[np.ndarray, np.ndarray] | None) -> Estimate:
+    return Estimate(point, None, None) if interval is None else Estimate(point, float(interval[0]), float(interval[1]))
 
 
 def _bootstrap(
@@ -178,11 +155,16 @@ def _bootstrap(
     reps: int,
     size: float,
     seed: int,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray] | None:
     """``statistic`` maps each group's resampled runs, a (draws, runs x members, ...) array per
     group, to a value per draw (or a row of them); the interval is the percentiles (1 -/+ size) / 2
-    of those values over the draws."""
-    _check(reps, size)
+    of those values over the draws. None where a group has fewer than MIN_RUNS runs."""
+    if not 0 < size < 1:
+        raise ValueError(f"size must be in (0, 1), got {size}")
+    if reps < 1:
+        raise ValueError(f"reps must be at least 1, got {reps}")
+    if min(len(g) for g in groups) < MIN_RUNS:
+        return None
     rng = np.random.default_rng(seed)
     values = []
     for start in range(0, reps, CHUNK):
@@ -193,10 +175,3 @@ def _bootstrap(
         warnings.simplefilter("ignore", RuntimeWarning)
         low, high = np.nanpercentile(np.concatenate(values), [50 * (1 - size), 50 * (1 + size)], axis=0)
     return low, high
-
-
-def _check(reps: int, size: float) -> None:
-    if not 0 < size < 1:
-        raise ValueError(f"size must be in (0, 1), got {size}")
-    if reps < 1:
-        raise ValueError(f"reps must be at least 1, got {reps}")
