@@ -210,9 +210,10 @@ def claim_lines(name: str, arms: Arms, bounds: tuple[float, float], frames_per_a
     head = f"- **Claim**, {claim.source}: {claim.text}. Judged {axis}: {claim.why_axis}."
     if claim.void:
         return [f"{head} This data **cannot decide** it: {claim.void}."]
-    missing = [s for s in (claim.better, *claim.than) if not arms.seeds(s)]
+    seeds = {s: len(arms.scores(s, claim.axis)) for s in (claim.better, *claim.than)}
+    missing = [s for s, n in seeds.items() if not n]
     if missing:
-        return [f"{head} Not tested here: no finished cell of {', '.join(missing)}."]
+        return [f"{head} Not tested here: no finished cell of {', '.join(missing)} has a score there."]
     parts, words = [], []
     better = arms.iqm(claim.better, claim.axis, bounds)
     for other in claim.than:
@@ -220,8 +221,7 @@ def claim_lines(name: str, arms: Arms, bounds: tuple[float, float], frames_per_a
         words.append(judge(estimate))
         parts.append(
             f"P({claim.better} > {other}) = {interval_text(estimate)}, IQM {interval_text(better)} against "
-            f"{interval_text(arms.iqm(other, claim.axis, bounds))} ({arms.seeds(claim.better)} and "
-            f"{arms.seeds(other)} seeds)"
+            f"{interval_text(arms.iqm(other, claim.axis, bounds))} ({seeds[claim.better]} and {seeds[other]} seeds)"
         )
     if any(w.startswith("no interval") for w in words):
         verdict = f"**cannot decide** it: fewer than {stats.MIN_RUNS} seeds in an arm give no interval"

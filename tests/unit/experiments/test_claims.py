@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from experiments import claims
+from experiments.common import cell_key
 
 ONE, RING, TOTAL = "1 agent", "ring of 4", claims.EQUAL_TOTAL["swarm_vs_one"]
 BOUNDS = (0.0, 100.0)
@@ -87,3 +88,23 @@ def test_a_study_with_no_recorded_claim_gets_no_verdict_rather_than_an_error():
     arms = claims.Arms(None, rows({ONE: [[5.8], [6.0], [6.2]]}))
     assert "no verdict" in claims.claim_lines("learners", arms, BOUNDS, frames_per_agent=True)[0]
     assert claims.comparison_lines("learners", arms, [ONE], frames_per_agent=True) == []
+
+
+def test_a_wall_clock_claim_leaves_out_seeds_with_no_score_by_then(tmp_path):
+    # the layout claim is judged at equal wall-clock T = 10 s: the spread cell logged its first score
+    # at 20 s, so it has none at T and the claim is not tested, rather than judged on nothing
+    layout = claims.CLAIMS["layout"]
+    (tmp_path / "curves").mkdir()
+    cells = []
+    for setting, first in ((layout.better, 20.0), (layout.than[0], 5.0)):
+        cells.append({"setting": setting, "seed": 1, "agents": 1, "equal_wall_s": 10.0})
+        (tmp_path / "curves" / f"{cell_key(setting, 1)}.csv").write_text(
+            f"agent,frames,wall_s,mean_return_100,wait_s,mix_s\n0,100,{first},1.0,0,0\n0,200,30.0,2.0,0,0\n"
+        )
+    arms = claims.Arms(tmp_path, cells)
+    assert arms.scores(layout.better, "wall_s").shape == (0, 0) and arms.scores(layout.than[0], "wall_s").shape == (
+        1,
+        1,
+    )
+    (line,) = claims.claim_lines("layout", arms, BOUNDS, frames_per_agent=False)
+    assert f"Not tested here: no finished cell of {layout.better} has a score there" in line
