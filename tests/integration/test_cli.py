@@ -207,6 +207,24 @@ def test_impala_ring_of_two_runs_end_to_end_and_logs_its_lag(tmp_path):
         assert all(0 <= float(row["impala/rho_clipped"]) <= 1 for row in rows)
 
 
+@pytest.mark.timeout(180)
+def test_impala_with_actor_processes_trains_cartpole_end_to_end(tmp_path):
+    run_dir = tmp_path / "run"
+    small = ["--actors-per-agent", 2, "--num-envs", 2, "--n-steps", 5, "--batch-size", 2, "--queue-size", 4]
+    result = invoke(
+        "run", "--algo", "impala", "--actor-placement", "process", "--agents", 1, *small, "--total-frames", 3000,
+        "--log-every", 10, "--run-dir", run_dir, "--no-progress", "--stop-at-return", "none",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] >= 3000 and summary["episodes"] > 0
+    with open(run_dir / "agent-0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert int(rows[-1]["updates"]) == 150  # 3000 frames, 20 per update
+    assert all(0 <= float(row["impala/policy_lag_max"]) <= 10 for row in rows)
+    assert all(0 <= float(row["impala/queue_depth"]) <= 4 for row in rows)  # the credits bound the queue
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
