@@ -6,7 +6,9 @@ processes of their own (``--actor-placement``), and a ring of 2 of each learner.
 real `gossiprl run` cut off after a fixed time (``train.swarm_row``): its rate is the sum of the
 agents' steady-state frames/s, and IMPALA's rows add the policy lag (in updates) and the queue's
 depth, averaged over the run's updates. A2C's rate counts frames it acted and learned from;
-IMPALA's counts frames its learner learned from, which its actors made beside it.
+IMPALA's counts frames its learner learned from, which its actors made beside it. Actor processes
+start before their learner trains (each imports torch), so their rows allow that start-up on top
+of the training time; it is not in the rate.
 
 Wall-clock rates on a loaded host move with the load, so each row also gives the CPU time it
 spent per frame: the CPU seconds of every process the row started (agents, actor processes, with
@@ -27,6 +29,9 @@ from .train import swarm_row
 
 SAMPLE_S = 0.25
 """How often the CPU time of the row's processes is read."""
+PROCESS_START_S = 15.0
+"""Seconds of start-up a row allows each actor process (a torch import and its envs) on top of the
+agent's: on the loaded 2-core VM, 8 of them had not all started 100 s after launch."""
 
 
 class DescendantsCPU:
@@ -92,9 +97,9 @@ def run(env_id: str, seconds: float, actor_counts=(1, 4, 8), device: str = "cpu"
     echo(f"{env_id}: {os.cpu_count()} cores, device {device}; {seconds:g} s per row, ratios to one A2C agent")
     rows: list[dict] = []
 
-    def add(name: str, swarm, cfg) -> None:
+    def add(name: str, swarm, cfg, start_s: float = 10.0) -> None:
         with DescendantsCPU() as sampler:
-            row = {"row": name, **swarm_row(swarm, cfg, seconds)}
+            row = {"row": name, **swarm_row(swarm, cfg, seconds, start_s)}
         window = row.pop("window", None)
         cpu = sampler.between(*window) if measure_cpu and window else None
         if cpu is not None:
@@ -114,8 +119,10 @@ def run(env_id: str, seconds: float, actor_counts=(1, 4, 8), device: str = "cpu"
     one, ring = SwarmConfig(agents=1, topology=None), SwarmConfig(agents=2, topology="ring")
     add("a2c, one agent", one, a2c)
     for n in actor_counts:
-        for placement in ("thread", "process"):
-            add(f"impala, one agent, {n} actor {placement}(s)", one, actors(n, placement))
+        add(f"impala, one agent, {n} actor thread(s)", one, actors(n, "thread"))
+        add(f"impala, one agent, {n} actor process(es)", one, actors(n, "process"), start_s=10.0 + PROCESS_START_S * n)
     add("a2c, ring of 2", ring, a2c)
-    add(f"impala, ring of 2, 2 actors each ({impala.impala.actor_placement})", ring, impala)
+    placement = impala.impala.actor_placement
+    start_s = 10.0 + PROCESS_START_S * 2 * 2 if placement == "process" else 10.0
+    add(f"impala, ring of 2, 2 actor {placement}(s) each", ring, impala, start_s)
     return {"env": env_id, "cores": os.cpu_count(), "seconds": seconds, "rows": rows}

@@ -74,12 +74,12 @@ def busy_core():
         spinner.wait()
 
 
-def swarm_row(swarm, agent_cfg, seconds: float) -> dict:
+def swarm_row(swarm, agent_cfg, seconds: float, start_s: float = 10.0) -> dict:
     """One real `gossiprl run` cut off after ``seconds`` of training; its steady-state figures."""
     from .. import launch
 
     # A swarm needs its agents started before the clock means anything: add their start-up time.
-    swarm = replace(swarm, total_frames=10**12, max_seconds=seconds + 10.0)
+    swarm = replace(swarm, total_frames=10**12, max_seconds=seconds + start_s)
     cfg = replace(agent_cfg, log_every=10**9, checkpoint_every=10**9)
     with tempfile.TemporaryDirectory(prefix="gossiprl-bench-") as tmp:
         summary = launch.run(swarm, cfg, Path(tmp) / "run", echo=lambda *a, **k: None, show_progress=False)

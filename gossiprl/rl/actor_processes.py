@@ -22,6 +22,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -37,6 +38,8 @@ from gossiprl.rl.rollouts import Rollout, act
 JOIN_S = 5.0
 """How long the learner waits for its actor processes to leave once told to stop, before it
 terminates them."""
+START_S = 600.0
+"""How long the learner waits for its actor processes to start and join."""
 LAST_WORD_S = 1.0
 """How long the learner waits, once an actor process has exited, for the FAILED it may have sent."""
 
@@ -170,8 +173,23 @@ class ActorProcesses:
             )
             process.start()
             self.processes.append(process)
+        self.wait_for_joins()
+
+    def wait_for_joins(self) -> None:
+        """Return once every actor process has joined: each imports torch and builds its envs first,
+        which on a loaded host takes many seconds, and the learner's clock (its frames/s, its first
+        updates) should not count that."""
+        deadline = time.monotonic() + START_S
+        while self.end.joined < len(self.processes):
+            self.check_processes()
+            if time.monotonic() > deadline:
+                raise ActorFailed(
+                    f"only {self.end.joined} of {len(self.processes)} actor processes joined within {START_S:g} s"
+                )
+            time.sleep(0.1)
 
     def publish(self, flat_params: torch.Tensor, version: int) -> None:
+        self.check_processes()  # once per update: the others' unrolls must not hide a dead actor
         self.end.publish(flat_params.detach().cpu().numpy(), version)
 
     def depth(self) -> int:

@@ -208,14 +208,31 @@ def test_impala_ring_of_two_runs_end_to_end_and_logs_its_lag(tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_impala_with_actor_processes_trains_cartpole_end_to_end(tmp_path):
+def test_impala_with_actor_processes_trains_cartpole_end_to_end_with_an_actor_from_elsewhere(tmp_path):
+    """One actor process the learner spawns, and one `gossiprl actor` that joins over tcp as an
+    actor on another host would (started first: it waits for the learner to bind)."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    remote = subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", "actor", "--connect", endpoint, "--env", "CartPole-v1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     run_dir = tmp_path / "run"
-    small = ["--actors-per-agent", 2, "--num-envs", 2, "--n-steps", 5, "--batch-size", 2, "--queue-size", 4]
-    result = invoke(
-        "run", "--algo", "impala", "--actor-placement", "process", "--agents", 1, *small, "--total-frames", 3000,
-        "--log-every", 10, "--run-dir", run_dir, "--no-progress", "--stop-at-return", "none",
-    )  # fmt: skip
+    small = ["--actors-per-agent", 1, "--num-envs", 2, "--n-steps", 5, "--batch-size", 2, "--queue-size", 4]
+    try:
+        result = invoke(
+            "run", "--algo", "impala", "--actor-placement", "process", "--actors-bind", endpoint, "--agents", 1,
+            *small, "--total-frames", 3000, "--log-every", 10, "--run-dir", run_dir, "--no-progress",
+            "--stop-at-return", "none",
+        )  # fmt: skip
+        said, _ = remote.communicate(timeout=60)
+    finally:
+        remote.kill()
     assert result.exit_code == 0, result.output
+    assert remote.returncode == 0, said
+    sent = int(re.search(r"actor done: ([\d,]+) unrolls sent", said).group(1).replace(",", ""))
+    assert sent > 0  # the learner told it to stop, and it had sent unrolls before
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["frames"] >= 3000 and summary["episodes"] > 0
     with open(run_dir / "agent-0" / "metrics.csv") as f:
