@@ -133,9 +133,16 @@ class ActorProcesses:
         self.frames_per_step = probe.frames_per_step
         probe.close()
         self.env_threads = max(1, env_threads // hp.actors_per_agent)
+        if (hp.actors_curve_secret is None) != (hp.actors_curve_allow is None):
+            raise ValueError(
+                "--actors-curve-secret and --actors-curve-allow go together (the learner's key, its actors' keys)"
+            )
         self.curve = (hp.actors_curve_secret, hp.actors_curve_allow) if hp.actors_curve_secret else None
-        if hp.actors_bind is not None:
-            keys.check_bind(hp.actors_bind, curve=self.curve is not None, insecure=False)
+        if hp.actors_bind is not None and not keys.is_loopback(keys.check_endpoint(hp.actors_bind)) and not self.curve:
+            raise ValueError(
+                f"--actors-bind {hp.actors_bind} is reachable from other hosts, whose actors could then feed this "
+                "learner: give it --actors-curve-secret and --actors-curve-allow (made by `gossiprl keys generate`)"
+            )
         self.processes: list[mp.Process] = []
         self.private_dir: str | None = None
         self.end: LearnerEnd | None = None

@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from gossiprl.comms import keys
 from gossiprl.comms import trajectories as tj
 from gossiprl.comms.wire import WireError
 
@@ -244,3 +245,33 @@ def test_a_stopped_learner_tells_its_actors(learner, actor_of):
         actor.send_unroll(index, 0, unroll(index), [])
     end.close()
     assert actor.wait_for_credit() is False and actor.stopped == "the learner is done"
+
+
+def test_with_curve_keys_only_admitted_actors_join(tmp_path):
+    keys.generate(tmp_path / "learner", "learner")
+    keys.generate(tmp_path / "allowed", "actor")
+    keys.generate(tmp_path / "other", "stranger")
+    end = tj.LearnerEnd(
+        "tcp://127.0.0.1:*",
+        "CartPole-v1",
+        SPECS,
+        WELCOME,
+        3,
+        lambda a: a,
+        curve=(tmp_path / "learner" / "learner.key_secret", tmp_path / "allowed"),
+    )
+    admitted = tj.ActorEnd(
+        end.endpoint, curve=(tmp_path / "allowed" / "actor.key_secret", tmp_path / "learner" / "learner.key")
+    )
+    stranger = tj.ActorEnd(
+        end.endpoint,
+        curve=(tmp_path / "other" / "stranger.key_secret", tmp_path / "learner" / "learner.key"),
+        silence_s=1,
+    )
+    try:
+        assert admitted.join("CartPole-v1")["actor"] == 0
+        with pytest.raises(tj.LearnerGone, match="has not answered for 1 s"):
+            stranger.join("CartPole-v1")
+        assert end.joined == 1
+    finally:
+        admitted.close(), stranger.close(), end.close()
