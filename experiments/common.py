@@ -28,6 +28,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import threading
 import time
 import warnings
@@ -42,6 +43,7 @@ from gossiprl.rl.a2c import A2CConfig
 from gossiprl.rl.agent import AgentConfig
 from gossiprl.rl.consensus import evaluate_consensus
 from gossiprl.rl.envs import is_minatar
+from gossiprl.rl.learners import LEARNERS
 
 QUICK_ENV = "CartPole-v1"
 REAL_ENV = "MinAtar/Breakout-v1"
@@ -105,6 +107,15 @@ class Cell:
     @property
     def key(self) -> str:
         return cell_key(self.setting, self.seed)
+
+
+def fresh_out(name: str, quick: bool) -> Path:
+    """A new directory for a run that named none, so the committed results are never written by
+    accident: runs/<name>-<time>/ (git ignores runs/), or for --quick one inside a new temporary
+    directory, which then also holds the shared cell cache (``<out>/../_shared``)."""
+    if quick:
+        return Path(tempfile.mkdtemp(prefix=f"{name}-quick-")) / name
+    return Path(__file__).resolve().parent.parent / "runs" / time.strftime(f"{name}-%Y%m%d-%H%M%S")
 
 
 def cell_key(setting: str, seed: int) -> str:
@@ -210,24 +221,31 @@ def load_rows(out: Path, cells: list[Cell] | None = None) -> list[dict]:
     return [rows[c.key] for c in cells if c.key in rows]
 
 
+def steps_per_update(cfg: AgentConfig) -> int:
+    """Env steps between two updates of the cell's learner (its envs x steps, times IMPALA's unrolls
+    per batch): sets how often a run logs, so every curve has about ``CURVE_ROWS`` points."""
+    hp = LEARNERS[cfg.algo].resolve_defaults(getattr(cfg, cfg.algo), cfg.env_id)
+    return hp.num_envs * hp.n_steps * getattr(hp, "batch_size", 1)
+
+
 def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_episodes: int) -> dict:
     run_dir = out / "runs" / cell.key
     if run_dir.exists():  # a cell cut short last time: its partial run is not a result
         shutil.rmtree(run_dir)
     per_agent = cell.total_frames // cell.agents
-    updates = max(1, per_agent // (cell.a2c.n_steps * cell.a2c.num_envs))
     agent_cfg = AgentConfig(
         env_id=env_id,
         seed=cell.seed,
         total_frames=per_agent,
         a2c=cell.a2c,
         gossip_every=cell.gossip_every,
-        log_every=max(1, updates // CURVE_ROWS),
         checkpoint_every=10**9,
         agents_per_host=cell.agents,
         device="cpu",
         **cell.agent,
     )
+    updates = max(1, per_agent // steps_per_update(agent_cfg))
+    agent_cfg = replace(agent_cfg, log_every=max(1, updates // CURVE_ROWS))
     start = time.perf_counter()
     if cell.swarm is None:
         summaries = _run_independent(cell.agents, agent_cfg, run_dir)

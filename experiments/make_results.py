@@ -611,7 +611,7 @@ def main(results, output):
         "with sampled actions. "
         "Over seeds: mean ± 95 % Student-t interval; two settings are called different only where the "
         "intervals do not overlap. Beside it, as rliable (Agarwal et al. 2021) reports (experiments/stats.py, "
-        "checked against rliable 1.2.0 in tests/unit/test_stats.py): the interquartile mean (IQM) of every "
+        "checked against rliable 1.2.0 in tests/unit/experiments/test_stats.py): the interquartile mean (IQM) of every "
         "agent's own score, and the probability of improvement P(X > Y), the chance that an agent of X ends "
         "above one of Y (ties 1/2), each with a 95 % percentile interval of a bootstrap that resamples whole "
         "seeds (a seed's agents share its gossip and are not independent). Every interval is cut to the range "

@@ -12,7 +12,7 @@ of the statistical precipice*), in numpy, because rliable itself pulls arch, sea
 A task's scores are a (runs, members) array: a run is one seed, the only independent unit; its
 members are the agents of that seed's swarm, which share the seed's environment streams and
 gossip, so the bootstrap resamples whole runs and keeps their agents together. With one member
-per run every estimate here is rliable's own (tests/unit/test_stats.py checks that against it).
+per run every estimate here is rliable's own (tests/unit/experiments/test_stats.py checks that against it).
 """
 
 from __future__ import annotations

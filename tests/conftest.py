@@ -12,12 +12,13 @@ A test module never imports from another test module.
 import os
 import signal
 import tempfile
-import time
 import warnings
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+
+from helpers import poll_until
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -45,20 +46,33 @@ LONG_LIVED_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forks
 
 
 def _process_tree(root: int) -> list[int]:
-    """Live (not zombie) descendants of ``root``, parents before their children, read from /proc."""
-    children = defaultdict(list)
+    """Live (not zombie) descendants of ``root``, parents before their children, read from /proc.
+
+    A long-lived helper is left out but not what it started: the agents a forkserver forked carry
+    its command line, and are a test's leftovers like any other process."""
+    parent, cmdlines = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError):  # the process ended while we looked
             continue
-        if state != "Z" and not any(name.encode() in cmdline for name in LONG_LIVED_HELPERS):
-            children[int(ppid)].append(int(stat.parent.name))
+        if state != "Z":
+            pid = int(stat.parent.name)
+            parent[pid], cmdlines[pid] = int(ppid), cmdline
+
+    def helper(pid: int) -> bool:
+        names = [name for name in LONG_LIVED_HELPERS if name.encode() in cmdlines[pid]]
+        return bool(names) and not any(name.encode() in cmdlines.get(parent[pid], b"") for name in names)
+
+    children = defaultdict(list)
+    for pid, ppid in parent.items():
+        children[ppid].append(pid)
     tree, queue = [], [root]
     while queue:
         for child in children[queue.pop(0)]:
-            tree.append(child)
+            if not helper(child):
+                tree.append(child)
             queue.append(child)
     return tree
 
@@ -75,9 +89,12 @@ def no_process_left_behind(session_tmpdir):
     before = set(_process_tree(os.getpid()))
     dirs_before = set(session_tmpdir.glob("gossiprl-*"))
     yield
-    deadline = time.monotonic() + 5
-    while (left := [pid for pid in _process_tree(os.getpid()) if pid not in before]) and time.monotonic() < deadline:
-        time.sleep(0.1)
+
+    def stragglers():
+        return [pid for pid in _process_tree(os.getpid()) if pid not in before]
+
+    poll_until(lambda: not stragglers(), 5, every=0.1)
+    left = stragglers()
     for pid in reversed(left):  # children first, so none is re-parented out of reach
         try:
             os.kill(pid, signal.SIGKILL)

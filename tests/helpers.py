@@ -33,13 +33,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(ready, timeout, what, every=0.2, process=None):
-    """Poll ready() until it is true; fail with `what` once `timeout` seconds pass, or at once when
-    `process` (a Popen the wait depends on) has exited, since then ready() would never come true."""
+def poll_until(ready, timeout, every=0.2, process=None) -> bool:
+    """Poll ready() every `every` seconds until it is true (True), or until `timeout` seconds pass or
+    `process` (a Popen the wait depends on, or a list of them) has exited (False): a test waits on the
+    state it needs, never for a guessed time."""
     deadline = time.monotonic() + timeout
+    processes = [] if process is None else process if isinstance(process, list) else [process]
     while not ready():
-        assert time.monotonic() < deadline and (process is None or process.poll() is None), what
+        if time.monotonic() >= deadline or any(p.poll() is not None for p in processes):
+            return False
         time.sleep(every)
+    return True
+
+
+def wait_for(ready, timeout, what, every=0.2, process=None):
+    """poll_until, failing with `what` when ready() never came true; `what` may be a callable, called
+    only on failure (to attach logs read then)."""
+    assert poll_until(ready, timeout, every, process), what() if callable(what) else what
+
+
+def agent_pids(launcher: int) -> list[int]:
+    """The agent processes of the `gossiprl run` with pid ``launcher``: the children of its
+    forkserver (where the platform has one), or the children it spawned."""
+
+    def children(pid: int) -> list[int]:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+    pids = []
+    for child in children(launcher):
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"multiprocessing.forkserver" in cmdline:
+            pids += children(child)
+        elif b"spawn_main" in cmdline:
+            pids.append(child)
+    return pids
 
 
 def in_thread(fn, *args):

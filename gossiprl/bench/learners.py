@@ -25,13 +25,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .train import swarm_row
+from .train import STARTUP_ALLOWANCES, swarm_row
 
 SAMPLE_S = 0.25
 """How often the CPU time of the row's processes is read."""
 PROCESS_START_S = 15.0
-"""Seconds of start-up a row allows each actor process (a torch import and its envs) on top of the
-agent's: on the loaded 2-core VM, 8 of them had not all started 100 s after launch."""
+"""Seconds of start-up a row allows each actor process (a torch import and its envs) on top of each
+of the agents' allowances (``train.STARTUP_ALLOWANCES``): on the loaded 2-core VM, 8 of them had
+not all started 100 s after launch."""
 
 
 class DescendantsCPU:
@@ -97,9 +98,10 @@ def run(env_id: str, seconds: float, actor_counts=(1, 4, 8), device: str = "cpu"
     echo(f"{env_id}: {os.cpu_count()} cores, device {device}; {seconds:g} s per row, ratios to one A2C agent")
     rows: list[dict] = []
 
-    def add(name: str, swarm, cfg, start_s: float = 10.0) -> None:
+    def add(name: str, swarm, cfg, actor_processes: int = 0) -> None:
+        allowances = tuple(a + PROCESS_START_S * actor_processes for a in STARTUP_ALLOWANCES)
         with DescendantsCPU() as sampler:
-            row = {"row": name, **swarm_row(swarm, cfg, seconds, start_s)}
+            row = {"row": name, **swarm_row(swarm, cfg, seconds, allowances)}
         window = row.pop("window", None)
         cpu = sampler.between(*window) if measure_cpu and window else None
         if cpu is not None:
@@ -120,9 +122,9 @@ def run(env_id: str, seconds: float, actor_counts=(1, 4, 8), device: str = "cpu"
     add("a2c, one agent", one, a2c)
     for n in actor_counts:
         add(f"impala, one agent, {n} actor thread(s)", one, actors(n, "thread"))
-        add(f"impala, one agent, {n} actor process(es)", one, actors(n, "process"), start_s=10.0 + PROCESS_START_S * n)
+        add(f"impala, one agent, {n} actor process(es)", one, actors(n, "process"), actor_processes=n)
     add("a2c, ring of 2", ring, a2c)
     placement = impala.impala.actor_placement
-    start_s = 10.0 + PROCESS_START_S * 2 * 2 if placement == "process" else 10.0
-    add(f"impala, ring of 2, 2 actor {placement}(s) each", ring, impala, start_s)
+    processes = 2 * impala.impala.actors_per_agent if placement == "process" else 0
+    add(f"impala, ring of 2, {impala.impala.actors_per_agent} actor {placement}(s) each", ring, impala, processes)
     return {"env": env_id, "cores": os.cpu_count(), "seconds": seconds, "rows": rows}

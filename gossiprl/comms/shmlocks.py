@@ -174,10 +174,11 @@ class Control(_View):
         self.bell[0] += np.uint32(1)
         futex_wake(self.bell_address)
 
-    def enter(self, session: int) -> None:
-        """Start a session: every edge empty, then the session's id (a neighbour reads our counters
-        only once it sees that id, so it never sees the last session's)."""
-        self.state[1] = 0
+    def enter(self, session: int, left: bool = False) -> None:
+        """Start a session: every edge empty and *left* set, then the session's id (a neighbour reads
+        our counters only once it sees that id, so it never sees the last session's, nor us in a
+        session we joined already left)."""
+        self.state[1] = int(left)
         self.edges[:] = 0
         self.state[0] = session
 
@@ -301,10 +302,12 @@ class Turns:
         """Whether, since leaving, every out-peer has read what was posted to it."""
 
     def enter(self) -> None:
-        self.control.enter(self.id)
+        """Join the session. A neighbour we cannot see must not wait on us, nor we on it, so then we
+        join already left: a writer that saw us in the session for a moment would post us a letter
+        we could never read, and wait for ever for us to read it (issue 18)."""
+        self.left = any(pc is None for pc in (*self.ins.values(), *self.outs.values()))
+        self.control.enter(self.id, left=self.left)
         self.ring(None)
-        if any(pc is None for pc in (*self.ins.values(), *self.outs.values())):
-            self.leave()  # a neighbour we cannot see must not wait on us, nor we on it
 
     def leave(self) -> None:
         if not self.left:
@@ -335,7 +338,11 @@ class Turns:
 
     def may_post(self):
         """(POST, None), (WAIT, the reader to wait on) or (LEAVE, None): a reader that left reads its
-        letters the broker's way from now on, so this writer leaves too rather than post to it."""
+        letters the broker's way from now on, so this writer leaves too rather than post to it. Once
+        we left (the broker said the session ended, say) we post nothing and wait for no reader to
+        join: one that never heard of the session never will."""
+        if self.left:
+            return LEAVE, None
         for p, pc in self.outs.items():
             if p in self.gone:
                 continue

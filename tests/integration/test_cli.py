@@ -190,8 +190,9 @@ def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(swarm_run):
 def test_impala_ring_of_two_runs_end_to_end_and_logs_its_lag(tmp_path):
     run_dir = tmp_path / "run"
     small = ["--actors-per-agent", 2, "--num-envs", 2, "--n-steps", 5, "--batch-size", 2, "--queue-size", 2]
+    threads = ["--actor-placement", "thread"]  # the gossip is under test here; actor processes have their own run
     result = invoke(
-        "run", "--algo", "impala", "--agents", 2, "--topology", "ring", *small, "--total-frames", 2000,
+        "run", "--algo", "impala", "--agents", 2, "--topology", "ring", *small, *threads, "--total-frames", 2000,
         "--log-every", 10, "--run-dir", run_dir, "--no-progress", "--stop-at-return", "none",
     )  # fmt: skip
     assert result.exit_code == 0, result.output

@@ -5,6 +5,7 @@ live agent learned may be lost.
 """
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 import topologies
 from gossiprl import Broker, BrokerUnavailable, Gossip, GossipClient, mix
-from helpers import free_port, wait_for
+from helpers import agent_pids, free_port, wait_for
 
 FAST = {"heartbeat": 0.1, "liveness": 10}  # broker declared gone after 1 s: survives a loaded CI machine
 QUICK = {"heartbeat": 0.1, "liveness": 3}  # 0.3 s, for tests about how fast a dead broker is noticed
@@ -189,7 +190,12 @@ def test_training_goes_on_through_a_broker_restart_and_gossip_resumes():
     wait_for(lambda: all(results[r] for r in range(2)), 10, "the pair never gossiped", every=0.01)
     phase["name"] = "down"
     broker.close()
-    time.sleep(1.0)
+    wait_for(
+        lambda: all(any(name == "down" and s["gossip/failures"] for name, s in results[r]) for r in range(2)),
+        10,
+        "the agents never noticed the broker was gone",
+        every=0.01,
+    )
     phase["name"] = "restarted"
     broker = Broker(topo, bind=address).start()
     for t in threads:
@@ -290,11 +296,9 @@ def test_launcher_carries_on_when_an_agent_is_killed(tmp_path, fail_fast):
     wait_for(
         lambda: all((run_dir / f"agent-{r}" / "metrics.csv").exists() for r in range(3)), 60, "agents never started"
     )
-    agent_pids = subprocess.run(
-        ["pgrep", "-P", str(launcher.pid), "-f", "spawn_main"], capture_output=True, text=True
-    ).stdout.split()
-    assert len(agent_pids) == 3
-    subprocess.run(["kill", "-9", agent_pids[1]], check=True)
+    agents = agent_pids(launcher.pid)
+    assert len(agents) == 3
+    os.kill(agents[1], signal.SIGKILL)
     killed_at = time.monotonic()
     output, _ = launcher.communicate(timeout=120)
     # The survivors parked on the dead agent's letter are released at once (the launcher declares

@@ -15,6 +15,7 @@ from gossiprl.rl import a2c, impala
 from gossiprl.rl.actors import ActorFailed, ActorPool, Batch
 from gossiprl.rl.models import MLPActorCritic, flatten_parameters
 from gossiprl.rl.settings import A2CConfig, AgentConfig, ImpalaConfig
+from helpers import poll_until
 
 T, N, OBS, ACTIONS = 6, 5, 4, 3
 
@@ -146,9 +147,7 @@ def test_a_full_queue_blocks_the_actor_threads_and_one_actors_lag_stays_within_t
     _, _, _ = start(source)
     threads = source.actors
     try:
-        deadline = time.monotonic() + 10
-        while (threads.depth() < 4 or threads.actors[0].unrolls < 4) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poll_until(lambda: threads.depth() >= 4 and threads.actors[0].unrolls >= 4, 10, every=0.01)
         time.sleep(0.2)  # time to run past a queue that did not block it
         assert threads.depth() == 4 and threads.actors[0].unrolls == 4
         # the unrolls queued behind an older version: at most 1 + queue_size // batch_size updates late
@@ -163,9 +162,7 @@ def test_a_full_queue_holds_an_actor_process_back_and_its_lag_stays_within_the_q
     source = pool(actors_per_agent=1, batch_size=2, queue_size=4, actor_placement="process")
     start(source)
     try:
-        deadline = time.monotonic() + 120  # a spawned process imports torch first
-        while source.actors.depth() < 4 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll_until(lambda: source.actors.depth() >= 4, 120, every=0.05)  # a spawned process imports torch first
         time.sleep(0.5)  # time to run past a queue that did not hold it back
         assert source.actors.depth() == 4 and source.actors.end.take(0) is not None
         assert source.actors.depth() == 3  # nothing past the credits came

@@ -166,33 +166,78 @@ def test_leaving_the_session_at_any_moment_keeps_every_edge_in_order(n, full, le
     _check(topology, 5, _run(topology, 5, leave_at, seed))
 
 
-def test_a_writer_waits_for_its_reader_before_posting_again():
-    n = 2
-    a, b = shmlocks.Control(n), shmlocks.Control(n)
-    try:
-        writer = shmlocks.Turns(a, 0, SESSION, {1: _peer(b, n)}, {1: _peer(b, n)})
-        reader = shmlocks.Turns(b, 1, SESSION, {0: _peer(a, n)}, {0: _peer(a, n)})
-        assert writer.may_post()[0] == shmlocks.WAIT, "the reader has not joined the session yet"
-        writer.enter()
-        reader.enter()
-        assert writer.may_post() == (shmlocks.POST, None)
-        writer.post(2)
-        assert writer.may_post()[0] == shmlocks.WAIT, "one unread letter per edge"
-        assert reader.pending(0) == 2
-        reader.mark_read(0)
-        assert reader.pending(0) is None and writer.may_post() == (shmlocks.POST, None)
-        reader.leave()
-        assert writer.may_post() == (shmlocks.LEAVE, None), "a writer never posts to a reader that left"
-        writer.close()
-        reader.close()
-    finally:
-        a.close()
-        b.close()
+@pytest.fixture
+def segments():
+    """make(n, k): k control segments for n agents, closed after the test whatever it asserted."""
+    made = []
+
+    def make(n, k):
+        made.extend(shmlocks.Control(n) for _ in range(k))
+        return made[-k:]
+
+    yield make
+    for c in made:
+        c.close()
 
 
-def test_a_wait_ends_when_the_awaited_peer_rings_and_at_its_deadline():
+def test_a_writer_waits_for_its_reader_before_posting_again(segments):
     n = 2
-    own = shmlocks.Control(n)
+    a, b = segments(n, 2)
+    writer = shmlocks.Turns(a, 0, SESSION, {1: _peer(b, n)}, {1: _peer(b, n)})
+    reader = shmlocks.Turns(b, 1, SESSION, {0: _peer(a, n)}, {0: _peer(a, n)})
+    assert writer.may_post()[0] == shmlocks.WAIT, "the reader has not joined the session yet"
+    writer.enter()
+    reader.enter()
+    assert writer.may_post() == (shmlocks.POST, None)
+    writer.post(2)
+    assert writer.may_post()[0] == shmlocks.WAIT, "one unread letter per edge"
+    assert reader.pending(0) == 2
+    reader.mark_read(0)
+    assert reader.pending(0) is None and writer.may_post() == (shmlocks.POST, None)
+    reader.leave()
+    assert writer.may_post() == (shmlocks.LEAVE, None), "a writer never posts to a reader that left"
+    writer.close()
+    reader.close()
+
+
+def test_an_agent_that_cannot_map_a_neighbour_is_never_seen_in_the_session(segments):
+    """Its writer looks at the reader's segment at the worst moment, right after the reader wrote
+    the session's id: it must find it already left, or it posts a letter nobody will read (issue 18)."""
+    n = 2
+    a, b = segments(n, 2)
+    writer = shmlocks.Turns(a, 0, SESSION, {1: _peer(b, n)}, {1: _peer(b, n)})
+    reader = shmlocks.Turns(b, 1, SESSION, {0: None}, {0: _peer(a, n)})
+    writer.enter()
+    seen, enter = [], b.enter
+
+    def watched(*args, **kwargs):
+        enter(*args, **kwargs)
+        seen.append(writer.may_post())
+
+    b.enter = watched
+    reader.enter()
+    assert reader.left and seen == [(shmlocks.LEAVE, None)], "the writer saw the reader in the session"
+    assert writer.may_post() == (shmlocks.LEAVE, None)
+    writer.close()
+    reader.close()
+
+
+def test_a_writer_that_left_waits_for_no_reader_to_join(segments):
+    """A reader that never heard of the session never joins: once the broker told the writer the
+    session ended, the writer goes the broker's way instead of waiting for it."""
+    n = 2
+    a, b = segments(n, 2)
+    writer = shmlocks.Turns(a, 0, SESSION, {}, {1: _peer(b, n)})
+    writer.enter()
+    assert writer.may_post() == (shmlocks.WAIT, writer.outs[1])
+    writer.leave()
+    assert writer.may_post() == (shmlocks.LEAVE, None) and writer.undrained() is None
+    writer.close()
+
+
+def test_a_wait_ends_when_the_awaited_peer_rings_and_at_its_deadline(segments):
+    n = 2
+    (own,) = segments(n, 1)
     peer = _peer(own, n)
     flag = threading.Event()
 
@@ -200,65 +245,55 @@ def test_a_wait_ends_when_the_awaited_peer_rings_and_at_its_deadline():
         return None if flag.is_set() else peer
 
     def change():
-        time.sleep(0.05)
+        time.sleep(0.05)  # the change comes while the test sleeps in the futex, the wait being tested
         flag.set()  # the change first, then the doorbell, as every agent does
         own.ring()
 
-    try:
-        assert shmlocks.wait_for(blocked, deadline=time.monotonic() + 0.05) is False
-        t0 = time.monotonic()
-        threading.Thread(target=change).start()
-        assert shmlocks.wait_for(blocked, deadline=t0 + 5.0) is True
-        assert time.monotonic() - t0 < 0.5, "the futex slept through the doorbell"
-    finally:
-        peer.close()
-        own.close()
+    assert shmlocks.wait_for(blocked, deadline=time.monotonic() + 0.05) is False
+    t0 = time.monotonic()
+    threading.Thread(target=change).start()
+    assert shmlocks.wait_for(blocked, deadline=t0 + 5.0) is True
+    assert time.monotonic() - t0 < 0.5, "the futex slept through the doorbell"
+    peer.close()
 
 
-def test_a_control_segment_that_is_not_one_is_refused():
+def test_a_control_segment_that_is_not_one_is_refused(segments):
     n = 3
-    own = shmlocks.Control(n)
+    (own,) = segments(n, 1)
+    with pytest.raises(shmlocks.ControlRefused, match=f"not {shmlocks.size_for(2)} for 2"):
+        shmlocks.PeerControl(os.getpid(), own.fd, own.token.hex(), 2)
+    with pytest.raises(shmlocks.ControlRefused, match="not that agent's"):
+        shmlocks.PeerControl(os.getpid(), own.fd, "00" * 16, n)
+    fd = os.memfd_create("plain")
+    os.ftruncate(fd, shmlocks.size_for(n))
     try:
-        with pytest.raises(shmlocks.ControlRefused, match=f"not {shmlocks.size_for(2)} for 2"):
-            shmlocks.PeerControl(os.getpid(), own.fd, own.token.hex(), 2)
-        with pytest.raises(shmlocks.ControlRefused, match="not that agent's"):
-            shmlocks.PeerControl(os.getpid(), own.fd, "00" * 16, n)
-        fd = os.memfd_create("plain")
-        os.ftruncate(fd, shmlocks.size_for(n))
-        try:
-            with pytest.raises(shmlocks.ControlRefused, match="not sealed"):
-                shmlocks.PeerControl(os.getpid(), fd, own.token.hex(), n)
-        finally:
-            os.close(fd)
-        r, w = os.pipe()
-        try:
-            with pytest.raises(shmlocks.ControlRefused, match="does not name"):
-                shmlocks.PeerControl(os.getpid(), r, own.token.hex(), n)
-        finally:
-            os.close(r)
-            os.close(w)
+        with pytest.raises(shmlocks.ControlRefused, match="not sealed"):
+            shmlocks.PeerControl(os.getpid(), fd, own.token.hex(), n)
     finally:
-        own.close()
+        os.close(fd)
+    r, w = os.pipe()
+    try:
+        with pytest.raises(shmlocks.ControlRefused, match="does not name"):
+            shmlocks.PeerControl(os.getpid(), r, own.token.hex(), n)
+    finally:
+        os.close(r)
+        os.close(w)
 
 
-def test_forged_counters_stall_or_skip_only_the_forgers_edges():
+def test_forged_counters_stall_or_skip_only_the_forgers_edges(segments):
     """A reader that claims to have read what it never read lets its writer post on, to it alone;
     a writer that claims letters it never posted hands its reader a version, which the reader's
     copy-then-check (dataplane.ShmReader) refuses unless the slot holds it."""
     n = 3
-    ctl = [shmlocks.Control(n) for _ in range(n)]
-    try:
-        writer = shmlocks.Turns(ctl[0], 0, SESSION, {}, {1: _peer(ctl[1], n), 2: _peer(ctl[2], n)})
-        for c in ctl:
-            c.enter(SESSION)
-        writer.post(2)
-        ctl[1].edges[0, 2] = 10**6  # rank 1 forges: "read a million"
-        assert writer.may_post() == (shmlocks.WAIT, writer.outs[2]), "rank 2 is still waited on"
-        reader = shmlocks.Turns(ctl[2], 2, SESSION, {0: _peer(ctl[0], n)}, {})
-        ctl[0].edges[2, 0] = np.int64(2**62)  # rank 0 forges its count on the edge to 2
-        assert reader.pending(0) == 2, "the forged count only says a letter is there; its version is the posted one"
-        writer.close()
-        reader.close()
-    finally:
-        for c in ctl:
-            c.close()
+    ctl = segments(n, n)
+    writer = shmlocks.Turns(ctl[0], 0, SESSION, {}, {1: _peer(ctl[1], n), 2: _peer(ctl[2], n)})
+    for c in ctl:
+        c.enter(SESSION)
+    writer.post(2)
+    ctl[1].edges[0, 2] = 10**6  # rank 1 forges: "read a million"
+    assert writer.may_post() == (shmlocks.WAIT, writer.outs[2]), "rank 2 is still waited on"
+    reader = shmlocks.Turns(ctl[2], 2, SESSION, {0: _peer(ctl[0], n)}, {})
+    ctl[0].edges[2, 0] = np.int64(2**62)  # rank 0 forges its count on the edge to 2
+    assert reader.pending(0) == 2, "the forged count only says a letter is there; its version is the posted one"
+    writer.close()
+    reader.close()
