@@ -450,6 +450,7 @@ class ActorEnd:
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDTIMEO, int(silence_s * 1000))  # a DEALER with no connection blocks a send
         for option, value in (keys.client_options(*curve) if curve else {}).items():
             self._sock.setsockopt(option, value)
         self._sock.connect(endpoint)
@@ -520,7 +521,13 @@ class ActorEnd:
         self._replies_due += 1
 
     def _send(self, cmd: str, fields: Mapping[str, Any], arrays=None) -> None:
-        self._sock.send_multipart(encode(cmd, fields, arrays), copy=False)
+        try:
+            self._sock.send_multipart(encode(cmd, fields, arrays), copy=False)
+        except zmq.Again:  # no connection took it within SNDTIMEO: never up, or its handshake refused
+            raise LearnerGone(
+                f"the learner at {self.endpoint} has not answered for {self.silence_s:g} s "
+                "(no connection: is it running there, and does it admit this actor's key?)"
+            ) from None
 
     def _receive(self, stop, wait_s: float = HEARTBEAT_S):
         """The messages that came within ``wait_s``, their effects applied; LearnerGone after
