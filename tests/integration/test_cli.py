@@ -378,4 +378,4 @@ def test_bench_train_refuses_bad_flags_in_one_line():
     bad = invoke("bench", "train", "--agents", "1,x")
     assert bad.exit_code == 2 and "give ring sizes >= 2" in bad.output
     bad = invoke("bench", "learners", "--actors", "0,2")
-    assert bad.exit_code == 2 and "give actor counts >= 1 separated by commas, e.g. 1,2,4" in bad.output
+    assert bad.exit_code == 2 and "give actor counts >= 1 separated by commas, e.g. 1,4,8" in bad.output
