@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import threading
 import time
 import warnings
@@ -107,6 +108,15 @@ class Cell:
     @property
     def key(self) -> str:
         return cell_key(self.setting, self.seed)
+
+
+def fresh_out(name: str, quick: bool) -> Path:
+    """A new directory for a run that named none, so the committed results are never written by
+    accident: runs/<name>-<time>/ (git ignores runs/), or for --quick one inside a new temporary
+    directory, which then also holds the shared cell cache (``<out>/../_shared``)."""
+    if quick:
+        return Path(tempfile.mkdtemp(prefix=f"{name}-quick-")) / name
+    return Path(__file__).resolve().parent.parent / "runs" / time.strftime(f"{name}-%Y%m%d-%H%M%S")
 
 
 def cell_key(setting: str, seed: int) -> str:
