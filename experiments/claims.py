@@ -57,6 +57,14 @@ CLAIMS = {
         "frames",
         "per agent step is equal frames per agent",
     ),
+    "learners": Claim(
+        "PALA Table 1 (PALA-A2C against A2C); for PPO and IMPALA this project's own question",
+        "a ring of 4 learns at least as much per agent step as one agent of the same learner",
+        "A2C, ring of 4",
+        ("A2C, 1 agent",),
+        "frames",
+        "per agent step is equal frames per agent; each learner runs its papers' defaults in both arms",
+    ),
     "ordering_ablation": Claim(
         "PALA (its implicit synchronisation, the turn locks)",
         "ordered (sync) gossip learns more per agent step than unordered async gossip and than independent agents",
@@ -111,8 +119,10 @@ EXTRA = {
         ("ring of 4, entropy 0.01, shared init, blocking", "ring of 4, entropy 0.01, shared init, overlapped"),
         *swarm_learning.CONTROL.items(),
     ],
+    "learners": [("PPO, ring of 4", "PPO, 1 agent"), ("IMPALA, ring of 4", "IMPALA, 1 agent")],
 }
-"""Comparisons a study reports beside its claim's: swarm_learning's every ring against its control."""
+"""Comparisons a study reports beside its claim's: swarm_learning's every ring against its control,
+and the learners study's ring of each learner against its one agent."""
 
 EQUAL_TOTAL = {"swarm_vs_one": swarm_vs_one.EQUAL_TOTAL}
 """A study's arm trained as many frames as the whole swarm: compared with the swarm at equal total

@@ -32,6 +32,7 @@ STUDIES = [
     "swarm_learning",
     "swarm_vs_one",
     "swarm_vs_one_spaceinvaders",
+    "learners",
     "ordering_ablation",
     "topology_ablation",
     "scaling",
