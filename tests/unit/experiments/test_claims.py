@@ -86,8 +86,8 @@ def test_the_equal_total_gap_is_explained_by_steps_only_where_there_is_one():
 
 def test_a_study_with_no_recorded_claim_gets_no_verdict_rather_than_an_error():
     arms = claims.Arms(None, rows({ONE: [[5.8], [6.0], [6.2]]}))
-    assert "no verdict" in claims.claim_lines("learners", arms, BOUNDS, frames_per_agent=True)[0]
-    assert claims.comparison_lines("learners", arms, [ONE], frames_per_agent=True) == []
+    assert "no verdict" in claims.claim_lines("a_study_without_a_claim", arms, BOUNDS, frames_per_agent=True)[0]
+    assert claims.comparison_lines("a_study_without_a_claim", arms, [ONE], frames_per_agent=True) == []
 
 
 def test_a_wall_clock_claim_leaves_out_seeds_with_no_score_by_then(tmp_path):
