@@ -54,7 +54,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from collections import deque
 from pathlib import Path
@@ -63,7 +62,7 @@ import click
 import numpy as np
 import torch
 
-from experiments.common import QUICK_ENV, REAL_ENV, _write_json, cell_key, load_rows, write_csv
+from experiments.common import QUICK_ENV, REAL_ENV, _write_json, cell_key, fresh_out, load_rows, write_csv
 from gossiprl.rl.a2c import resolve_defaults
 from gossiprl.rl.envs import env_spec, is_atari
 from gossiprl.rl.models import MinAtarActorCritic
@@ -191,13 +190,6 @@ def fingerprint(algo: str, env_id: str, seed: int, frames: int, hyper: dict) -> 
     return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def fresh_out(quick: bool) -> Path:
-    """A new directory for a run that named none: the committed results are never written by accident."""
-    if quick:
-        return Path(tempfile.mkdtemp(prefix="baselines-quick-"))
-    return Path(__file__).resolve().parent.parent / "runs" / time.strftime("baselines-%Y%m%d-%H%M%S")
-
-
 @click.command(help="Stable-Baselines3 A2C and PPO on gossiprl's env, budget, seeds and network.")
 @click.option("--quick", is_flag=True, help=f"{QUICK_ENV}, 4,000 frames, seed 1, into a temporary dir: a smoke test.")
 @click.option("--env", "env_id", default=None, help=f"[default: {REAL_ENV}; --quick: {QUICK_ENV}]")
@@ -225,7 +217,7 @@ def main(quick, env_id, frames, seeds, algos, out):
         )
     seed_list = [int(s) for s in (seeds or ("1" if quick else "1,2,3,4,5")).split(",") if s.strip()]
     frames = frames or (4_000 if quick else 1_000_000)
-    out = out or fresh_out(quick)
+    out = out or fresh_out("baselines", quick)
     for folder in (out / "cells", out / "curves"):
         folder.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)

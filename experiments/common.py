@@ -17,7 +17,8 @@ How cells are judged, the same way in every study:
 * consensus: the policy with the agents' averaged final parameters, played for
   ``eval_episodes`` fresh episodes (``gossiprl.rl.consensus``), beside each agent's own final
   policy played the same way.
-* over seeds: mean and a 95 % Student-t interval.
+* over seeds: mean and a 95 % Student-t interval in the tables; the IQM with a stratified
+  bootstrap (experiments/stats.py) in the figures and in every comparison RESULTS.md draws.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import threading
 import time
 import warnings
@@ -106,6 +108,15 @@ class Cell:
     @property
     def key(self) -> str:
         return cell_key(self.setting, self.seed)
+
+
+def fresh_out(name: str, quick: bool) -> Path:
+    """A new directory for a run that named none, so the committed results are never written by
+    accident: runs/<name>-<time>/ (git ignores runs/), or for --quick one inside a new temporary
+    directory, which then also holds the shared cell cache (``<out>/../_shared``)."""
+    if quick:
+        return Path(tempfile.mkdtemp(prefix=f"{name}-quick-")) / name
+    return Path(__file__).resolve().parent.parent / "runs" / time.strftime(f"{name}-%Y%m%d-%H%M%S")
 
 
 def cell_key(setting: str, seed: int) -> str:
@@ -370,7 +381,15 @@ def read_curves(out: Path, key: str) -> list[dict]:
 
 
 def swarm_curve(rows: list[dict], x: str, grid: np.ndarray, agents: int, hold_last: bool = False) -> np.ndarray:
-    """Mean over agents of each agent's last-100 mean, interpolated on ``grid``.
+    """Mean over agents of each agent's last-100 mean, interpolated on ``grid`` (``agent_curves``)."""
+    per_agent = agent_curves(rows, x, grid, agents, hold_last)
+    with warnings.catch_warnings():  # grid points no agent reached stay nan, as intended
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(per_agent, axis=0)
+
+
+def agent_curves(rows: list[dict], x: str, grid: np.ndarray, agents: int, hold_last: bool = False) -> np.ndarray:
+    """Each agent's last-100 mean interpolated on ``grid``: an (agents, points) array.
 
     x = 'frames': grid is in swarm frames (agent frames x agents); x = 'wall_s': seconds.
     Past an agent's last row the curve holds its last value only up to the grid point where
@@ -385,11 +404,7 @@ def swarm_curve(rows: list[dict], x: str, grid: np.ndarray, agents: int, hold_la
         curve = np.interp(grid, xs, ys, left=np.nan, right=ys[-1] if hold_last else np.nan)
         curve[(grid > xs[-1]) & (grid <= xs[-1] * 1.001)] = ys[-1]
         per_agent.append(curve)
-    if not per_agent:
-        return np.full_like(grid, np.nan)
-    with warnings.catch_warnings():  # grid points no agent reached stay nan, as intended
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmean(np.vstack(per_agent), axis=0)
+    return np.vstack(per_agent) if per_agent else np.full((1, len(grid)), np.nan)
 
 
 def aggregate(rows: list[dict], settings: list[str], metrics: tuple[str, ...]) -> list[dict]:

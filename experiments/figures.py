@@ -1,28 +1,29 @@
-"""One figure per study: score vs frames and vs wall-clock, mean over seeds with a shaded 95 % interval
-(cut to the range the score can take), the untrained policy's score as the floor the curves start
-from, and (where asked) the per-iteration time split as stacked bars. Rendered on an Agg canvas (headless)."""
+"""One figure per study: score vs frames and vs wall-clock, the interquartile mean of every agent's
+score over seeds with a shaded 95 % stratified-bootstrap band (whole seeds resampled, as the
+IQMs RESULTS.md states are; cut to the range the score can take), the untrained policy's score as
+the floor the curves start from, and (where asked) the per-iteration time split as stacked bars.
+Rendered on an Agg canvas (headless)."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
 
-from experiments.common import T_975, cell_key, read_curves, swarm_curve
+from experiments import stats
+from experiments.common import agent_curves, cell_key, read_curves
 
 GRID_POINTS = 150
+BAND = "line: IQM of every agent's last-100 mean over seeds; shaded: its 95 % stratified-bootstrap band"
+Y_LABEL = "episode return (IQM of agents' last-100 means)"
 
 
-def _band(curves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and 95 % t half-width over seeds (rows), ignoring seeds that have no value there."""
-    count = np.sum(~np.isnan(curves), axis=0)
-    with warnings.catch_warnings():  # grid points no seed reached stay nan, as intended
-        warnings.simplefilter("ignore", RuntimeWarning)
-        mean = np.nanmean(curves, axis=0)
-        std = np.nanstd(curves, axis=0, ddof=1) if curves.shape[0] > 1 else np.zeros_like(mean)
-    t = np.array([T_975.get(int(c) - 1, 1.96) if c > 1 else np.nan for c in count])
-    return mean, np.where(count > 1, t * std / np.sqrt(np.maximum(count, 1)), 0.0)
+def seeds_curves(per_seed: list[np.ndarray]) -> np.ndarray:
+    """Each seed's (agents, points) curves as one (seeds, agents, points) array, a seed with
+    fewer agents padded with nan (a point no agent reached)."""
+    members = max(c.shape[0] for c in per_seed)
+    padded = [np.vstack([c, np.full((members - c.shape[0], c.shape[1]), np.nan)]) for c in per_seed]
+    return np.stack(padded)
 
 
 def study_figure(
@@ -59,9 +60,9 @@ def study_figure(
             grid = grids[x]
             # vs wall-clock a seed that has spent its frames keeps its final score, so the mean does not
             # jump when the fastest seed stops (and it matches the table's equal-wall-clock score)
-            curves = np.vstack(
+            curves = seeds_curves(
                 [
-                    swarm_curve(
+                    agent_curves(
                         read_curves(out, cell_key(r["setting"], r["seed"])),
                         x,
                         grid,
@@ -79,7 +80,7 @@ def study_figure(
             if x == "frames"
             else "wall-clock of training on the same 2 cores (s), after start-up"
         )
-        ax.set_ylabel("episode return (mean of agents' last-100 means)")
+        ax.set_ylabel(Y_LABEL)
         ax.set_title(
             "score vs frames" if x == "frames" else "score vs wall-clock (finished seeds hold their last score)"
         )
@@ -91,17 +92,17 @@ def study_figure(
     axes[0].legend(fontsize=7, loc="best")
     if time_split:
         _time_split_bars(axes[2], rows, present)
-    fig.suptitle(f"{title} — {env_id}; shaded: 95 % t-interval over seeds, cut to the score's range")
+    fig.suptitle(f"{title} — {env_id}\n{BAND} (whole seeds resampled), cut to the score's range", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def _draw_band(ax, xs: np.ndarray, curves: np.ndarray, bounds: tuple[float, float], color: str, label: str) -> None:
-    """The mean over seeds (rows of ``curves``) and its 95 % t band, cut to ``bounds``."""
-    mean, half = _band(curves)
-    ax.plot(xs, mean, color=color, label=label)
-    low, high = np.clip(mean - half, *bounds), np.clip(mean + half, *bounds)
-    ax.fill_between(xs, low, high, color=color, alpha=0.2, linewidth=0)
+    """The IQM of ``curves`` (seeds, agents, points) and its bootstrap band, cut to ``bounds``; no
+    band where fewer than stats.MIN_RUNS seeds reached the point."""
+    iqm, low, high = stats.iqm_curve_interval(curves)
+    ax.plot(xs, iqm, color=color, label=label)
+    ax.fill_between(xs, np.clip(low, *bounds), np.clip(high, *bounds), color=color, alpha=0.2, linewidth=0)
 
 
 def _draw_untrained(ax, untrained: float | None) -> None:
@@ -143,9 +144,9 @@ def reference_figure(
     bounds: tuple[float, float] = (-np.inf, np.inf),
     untrained: float | None = None,
 ) -> None:
-    """Score vs frames per agent beside a library's runs: per setting the mean over seeds of its
-    agents' last-100 curves (each seed's curve rows as ``swarm_curve`` reads them) with a 95 % t
-    band cut to ``bounds``, the published figures (name, frames, low, high) as bars where they were
+    """Score vs frames per agent beside a library's runs: per setting the IQM over seeds of its
+    agents' last-100 curves (each seed's curve rows as ``agent_curves`` reads them) with its
+    bootstrap band cut to ``bounds``, the published figures (name, frames, low, high) as bars where they were
     read off, and the untrained policy's score as a line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -156,7 +157,7 @@ def reference_figure(
     max_frames = max((r["frames"] for runs in curves.values() for run in runs for r in run), default=1)
     grid = np.linspace(0, max_frames, GRID_POINTS)
     for k, (setting, runs) in enumerate(curves.items()):
-        band = np.vstack([swarm_curve(run, "frames", grid, 1) for run in runs])
+        band = seeds_curves([agent_curves(run, "frames", grid, 1) for run in runs])
         _draw_band(ax, grid / 1e6, band, bounds, f"C{k % 10}", f"{setting} (n={len(runs)} seeds)")
     _draw_untrained(ax, untrained)
     names = list(dict.fromkeys(name for name, *_ in published))
@@ -174,11 +175,9 @@ def reference_figure(
             )
             labelled.add(name)
     ax.set_xlabel("frames per agent (M)")
-    ax.set_ylabel("episode return (last-100 mean)")
+    ax.set_ylabel(Y_LABEL)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    ax.set_title(
-        f"Library reference — {env_id}; shaded: 95 % t-interval over seeds, cut to the score's range", fontsize=9
-    )
+    ax.set_title(f"Library reference — {env_id}\n{BAND}, cut to the score's range", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -3,8 +3,9 @@ under experiments/results/, so it is regenerated, never edited by hand.
 
 For each study it rebuilds results.csv, summary.csv and figure.png from whatever cells exist
 (a study cut short is reported with the cells it is missing), then writes the question, the
-setup, the untrained policy's score, the table, the figure and what the data says, judged by
-whether 95 % intervals overlap, with the IQM and probability of improvement of experiments/stats.py.
+setup, the untrained policy's score, the table, the figure and what the data says: each paper's
+claim judged on its own axis by the IQM and probability of improvement of experiments/stats.py
+(experiments/claims.py).
 
     python -m experiments.make_results [--results experiments/results] [--output experiments/RESULTS.md]
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from experiments import stats, swarm_learning, swarm_vs_one
+from experiments import claims, stats
 from experiments.common import aggregate, cell_key, ci95, load_rows, read_curves, score_bounds
 from experiments.figures import reference_figure
 from experiments.study import METRICS, RESULTS, finish, planned_cells
@@ -30,12 +31,15 @@ from experiments.untrained import untrained_score, untrained_text
 STUDIES = [
     "swarm_learning",
     "swarm_vs_one",
+    "swarm_vs_one_spaceinvaders",
+    "learners",
     "ordering_ablation",
     "topology_ablation",
     "scaling",
     "batch_period",
     "layout",
 ]
+"""The studies' dirs under the results, in report order (a study run on a second game has its own dir)."""
 
 NOTES = {
     "scaling": "**Per-second comparisons here are void.** These cells ran when every agent got cores // agents "
@@ -67,53 +71,6 @@ NOTES = {
     "has gone k rounds without a letter from an in-peer.",
 }
 
-PAPER = {
-    "swarm_learning": (
-        "GALA and PALA: gossiping A2C agents learn at least as much per agent step as one A2C agent "
-        "(PALA Fig. 6, Table 1).",
-        "ring of 4, entropy 0.01, shared init, blocking",
-        [
-            "1 agent, entropy 0.01",
-            "ring of 4, old defaults (entropy 0, own inits, blocking)",
-            "ring of 4, entropy 0.01, shared init, overlapped",
-        ],
-    ),
-    "swarm_vs_one": (
-        "GALA and PALA: gossiping A2C agents learn at least as much per agent step as one A2C agent.",
-        "ring of 4",
-        ["1 agent"],
-    ),
-    "ordering_ablation": (
-        "PALA's claim: ordered (sync, turn-locked) gossip learns better than unordered async gossip "
-        "and than independent agents at equal time.",
-        "sync (turn locks)",
-        ["async, max-staleness 1", "async, max-staleness 4", "async, unbounded", "none (independent)"],
-    ),
-    "topology_ablation": (
-        "The papers' claim: gossiping agents learn better than independent ones, and the topology "
-        "(spectral gap) sets how fast they agree.",
-        "ring, 4 agents",
-        ["none (independent), 4 agents"],
-    ),
-    "scaling": (
-        "PALA Figs. 6-8: more agents reach a score sooner in wall-clock time (each agent on its own cores/GPU).",
-        "4 agents, ring",
-        ["1 agent (plain A2C)"],
-    ),
-    "batch_period": (
-        "PALA Fig. 12: gossiping less often saves communication time at little cost in learning.",
-        "5 steps x 16 envs, gossip every update",
-        ["5 steps x 16 envs, gossip every 16"],
-    ),
-    "layout": (
-        "PALA Fig. 5: spreading agents over hosts costs little, because parameter transfer is a small "
-        "share of an iteration.",
-        "one host (tcp loopback)",
-        ["2 netns hosts, 1 Gbit/s links (tcp + CURVE)"],
-    ),
-}
-
-
 SCORES = ("agents_mean", "agents_min", "agents_eval_mean", "consensus_eval", "score_at_equal_wall")
 """The table's columns that are episode returns: their intervals are cut to the score's range."""
 
@@ -135,36 +92,20 @@ def cell(entry: dict, metric: str, bounds: tuple[float, float]) -> str:
     return fmt(entry[metric], entry[f"{metric}_ci"], bounds if metric in SCORES else (0.0, math.inf))
 
 
-def compare(table: dict[str, dict], a: str, b: str, metric: str) -> str:
-    """'higher' / 'lower' when the 95 % intervals do not overlap, else 'indistinguishable'."""
-    if a not in table or b not in table:
-        return "not measured"
-    ma, ha, mb, hb = table[a][metric], table[a][f"{metric}_ci"], table[b][metric], table[b][f"{metric}_ci"]
-    if any(v is None or math.isnan(v) for v in (ma, mb)):
-        return "not measured"
-    if math.isnan(ha) or math.isnan(hb):
-        return "untestable (one seed, no interval)"
-    if ma - ha > mb + hb:
-        return "higher"
-    if ma + ha < mb - hb:
-        return "lower"
-    return "indistinguishable (95 % intervals overlap)"
-
-
-def study_section(name: str, results: Path) -> list[str]:
-    out = results / name
+def study_section(folder: str, results: Path) -> list[str]:
+    """One study's section from the dir ``results / folder`` (its study.json names the study, so a
+    second game's run of a study has a dir of its own)."""
+    out = results / folder
     if not (out / "study.json").exists():
-        return [f"## {name}", "", "**Not run**: no results in this checkout.", ""]
+        return [f"## {folder}", "", "**Not run**: no results in this checkout.", ""]
     meta = json.loads((out / "study.json").read_text())
+    name = meta.get("study", folder)
     module = importlib.import_module(f"experiments.{name}")
     cells, settings = planned_cells(module.STUDY, meta["quick"], meta["frames_per_cell"], meta["seeds"])
     rows = load_rows(out, cells)
-    missing = [
-        f"{c.setting} seed {c.seed}"
-        for c in cells
-        if not (out / "cells" / f"{cell_key(c.setting, c.seed)}.json").exists()
-    ]
-    lines = [f"## {meta['title']}", "", f"**Question.** {meta['question'][0].upper()}{meta['question'][1:]}", ""]
+    missing = [f"{c.setting} seed {c.seed}" for c in cells if not (out / "cells" / f"{c.key}.json").exists()]
+    title = meta["title"] if folder == name else f"{meta['title']}: {meta['env']}"
+    lines = [f"## {title}", "", f"**Question.** {meta['question'][0].upper()}{meta['question'][1:]}", ""]
     budget = (
         "frames for each agent (a ring of 4 trains 4x as many in all)"
         if meta.get("frames_per_agent")
@@ -173,22 +114,22 @@ def study_section(name: str, results: Path) -> list[str]:
     lines += [
         f"**Setup.** `{meta['command'].strip()}` — {meta['env']}, {meta['frames_per_cell']:,} {budget}, "
         f"seeds {', '.join(map(str, meta['seeds']))}; {len(rows)} of {len(cells)} cells finished."
+        + (f" Final policies evaluated over {rows[0]['eval_episodes']} episodes each." if rows else "")
     ]
     if missing:
-        lines += ["", f"**Missing cells** (not finished before the deadline): {', '.join(missing)}."]
+        lines += ["", f"**Missing cells** (not finished when this file was generated): {', '.join(missing)}."]
     if not rows:
         return lines + [""]
-    lines[-1 - bool(missing) * 2] += f" Final policies evaluated over {rows[0]['eval_episodes']} episodes each."
     finish(module.STUDY, out, rows, settings, meta["env"], meta["threshold"])
     table = {e["setting"]: e for e in aggregate(rows, settings, METRICS)}
-    t_equal = rows[0]["equal_wall_s"]
     bounds, bounds_said = score_bounds(meta["env"], rows)
+    arms = claims.Arms(out, rows)
     lines += [
         "",
         f"**Untrained policy** on {meta['env']}: {untrained_text(meta['env'])}; the dashed line in the figure.",
         "",
         "| setting | seeds | agents' own last-100 mean | worst agent | agents' final policies (eval) | "
-        f"consensus policy (eval) | score at {t_equal:.0f} s of training | wall-clock per cell (s) | "
+        f"consensus policy (eval) | score at {arms.t_equal:.0f} s of training | wall-clock per cell (s) | "
         "frames/s | gossip share |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -200,19 +141,24 @@ def study_section(name: str, results: Path) -> list[str]:
         lines.append(f"| {setting} | {e['seeds']} | {columns} | {e['fps']:.0f} | {100 * e['gossip_share']:.0f} % |")
     lines += [
         "",
-        f"Mean ± 95 % t-interval over seeds; an interval that would leave the score's range, {bounds_said}, is "
-        "cut to it and shown as [low, high]. Raw per-seed rows: "
-        f"[results/{name}/results.csv](results/{name}/results.csv); per setting: "
-        f"[summary.csv](results/{name}/summary.csv).",
+        f"Mean ± 95 % t-interval over seeds, for reference (the comparisons below use the bootstrap); an interval "
+        f"that would leave the score's range, {bounds_said}, is cut to it and shown as [low, high]. Raw per-seed "
+        f"rows: [results/{folder}/results.csv](results/{folder}/results.csv); per setting: "
+        f"[summary.csv](results/{folder}/summary.csv).",
         "",
-        f"![{meta['title']}](results/{name}/figure.png)",
+        f"![{title}](results/{folder}/figure.png)",
         "",
     ]
-    if name in NOTES:
-        lines += [f"**Note.** {NOTES[name]}", ""]
-    lines += ["**What the data says.**", ""] + findings(name, table, t_equal) + time_split_lines(rows, settings)
-    lines += iqm_lines(rows, settings, bounds) + improvement_lines(name, rows, settings)
-    return lines + [""]
+    if folder in NOTES:
+        lines += [f"**Note.** {NOTES[folder]}", ""]
+    frames_per_agent = bool(meta.get("frames_per_agent"))
+    lines += ["**What the data says.**", ""]
+    lines += claims.claim_lines(name, arms, bounds, frames_per_agent)
+    lines += claims.equal_total_lines(name, arms, bounds)
+    lines += iqm_lines(arms, settings, bounds, frames_per_agent)
+    lines += claims.comparison_lines(name, arms, settings, frames_per_agent)
+    lines += [f"- Fastest in frames/s: **{max(table.values(), key=lambda e: e['fps'])['setting']}**."]
+    return lines + time_split_lines(rows, settings) + [""]
 
 
 def by_seed(rows: list[dict], setting: str) -> np.ndarray:
@@ -220,55 +166,25 @@ def by_seed(rows: list[dict], setting: str) -> np.ndarray:
     return np.array([r["per_agent_last100"] for r in rows if r["setting"] == setting], dtype=float)
 
 
-def interval_text(estimate: stats.Estimate) -> str:
-    return f"{estimate.point:.2f}" + ("" if estimate.low is None else f" [{estimate.low:.2f}, {estimate.high:.2f}]")
-
-
-def iqm_lines(rows: list[dict], settings: list[str], bounds: tuple[float, float]) -> list[str]:
-    """IQM of every agent's own last-100 score per setting, with its stratified-bootstrap interval
-    (whole seeds resampled, so the agents of one swarm, which are not independent, stay together)."""
-    parts = []
-    for setting in settings:
-        scores = by_seed(rows, setting)
-        if not len(scores):
-            continue
-        n = f"{len(scores)} seed(s), {scores.size} agents"
-        estimate = stats.iqm_interval([scores]).clipped(bounds)
-        if estimate.low is None:
-            parts.append(f"{setting} {estimate.point:.2f} ({n}; too few seeds for an interval)")
-            continue
-        parts.append(f"{setting} {interval_text(estimate)} ({n})")
-    return [
-        f"- IQM of every agent's own last-100 score, 95 % stratified-bootstrap interval over seeds: {'; '.join(parts)}."
-    ]
-
-
-def comparisons(name: str, settings: list[str]) -> list[tuple[str, str]]:
-    """(X, Y) pairs a study asks P(X > Y) of: the paper's reference arm against each other arm
-    (and the equal-total-frames arm), and in swarm_learning every ring against its one-agent control."""
-    claim, reference, others = PAPER[name]
-    pairs = [(reference, other) for other in [*others, EQUAL_TOTAL.get(name)] if other]
-    if name == "swarm_learning":
-        pairs += list(swarm_learning.CONTROL.items())
-    return [p for p in dict.fromkeys(pairs) if p[0] in settings and p[1] in settings]
-
-
-def improvement_lines(name: str, rows: list[dict], settings: list[str]) -> list[str]:
-    """Probability of improvement of each comparison: the chance that an agent of X, drawn at random,
-    ends with a higher last-100 score than one of Y (1/2 for a tie), with its bootstrap interval."""
-    parts = []
-    for x, y in comparisons(name, settings):
-        xs, ys = by_seed(rows, x), by_seed(rows, y)
-        if len(xs) and len(ys):
-            estimate = stats.improvement_interval([xs], [ys])
-            few = "" if estimate.low is not None else " (too few seeds for an interval)"
-            parts.append(f"P({x} > {y}) = {interval_text(estimate)}{few}")
-    if not parts:
-        return []
-    return [
-        "- Probability of improvement (an agent of the first arm beats one of the second; 0.5: neither), "
-        f"95 % stratified-bootstrap interval over seeds: {'; '.join(parts)}."
-    ]
+def iqm_lines(arms: claims.Arms, settings: list[str], bounds: tuple[float, float], frames_per_agent: bool) -> list[str]:
+    """IQM of every agent's own last-100 score per setting, at the end of its frames and at equal
+    wall-clock, with its stratified-bootstrap interval (whole seeds resampled, so the agents of one
+    swarm, which are not independent, stay together)."""
+    lines = []
+    for axis in ("frames", "wall_s"):
+        parts = []
+        for setting in settings:
+            estimate = arms.iqm(setting, axis, bounds)
+            if estimate is None:
+                continue
+            seeds = len(arms.scores(setting, axis))
+            few = "; too few seeds for an interval" if estimate.low is None else ""
+            parts.append(f"{setting} {claims.interval_text(estimate)} ({seeds} seed(s){few})")
+        lines.append(
+            f"- IQM of every agent's own last-100 score {claims.axis_text(axis, arms, frames_per_agent)}, "
+            f"95 % stratified-bootstrap interval over seeds: {'; '.join(parts)}."
+        )
+    return lines
 
 
 def across_games_lines(results: Path) -> list[str]:
@@ -279,7 +195,8 @@ def across_games_lines(results: Path) -> list[str]:
     for out in sorted(results.glob("swarm_vs_one*")):
         if (out / "study.json").exists():
             games[json.loads((out / "study.json").read_text())["env"]] = load_rows(out)
-    reference, others = PAPER["swarm_vs_one"][1], [*PAPER["swarm_vs_one"][2], swarm_vs_one.EQUAL_TOTAL]
+    claim = claims.CLAIMS["swarm_vs_one"]
+    reference, others = claim.better, [*claim.than, claims.EQUAL_TOTAL["swarm_vs_one"]]
     parts = []
     for other in others:
         played = {
@@ -290,7 +207,7 @@ def across_games_lines(results: Path) -> list[str]:
         estimate = stats.improvement_interval(
             [by_seed(rows, reference) for rows in played.values()], [by_seed(rows, other) for rows in played.values()]
         )
-        parts.append(f"P({reference} > {other}) over {', '.join(played)} = {interval_text(estimate)}")
+        parts.append(f"P({reference} > {other}) over {', '.join(played)} = {claims.interval_text(estimate)}")
     if not parts:
         return []
     return [
@@ -322,71 +239,6 @@ def time_split_lines(rows: list[dict], settings: list[str]) -> list[str]:
     return [f"- One agent's update, mean over seeds: {'; '.join(parts)}."]
 
 
-EQUAL_TOTAL = {"swarm_vs_one": swarm_vs_one.EQUAL_TOTAL}
-"""A study's arm trained as many frames as the whole swarm (not as each agent): it is compared with
-the swarm at equal total frames, never counted among the equal-frames-per-agent settings."""
-
-
-PER_AGENT_STEP = {"swarm_learning", "swarm_vs_one"}
-"""Studies whose paper claim is per agent step (equal frames per agent): only that axis decides the
-verdict there. The others' claims are about time (PALA's time efficiency, ordering at equal time),
-so both axes count."""
-
-
-def findings(name: str, table: dict[str, dict], t_equal: float) -> list[str]:
-    claim, reference, others = PAPER[name]
-    lines = []
-    total_arm = table.get(EQUAL_TOTAL.get(name))
-    if total_arm is not None:
-        lines.append(
-            f"- {reference} vs {total_arm['setting']}, at equal total frames: "
-            f"{compare(table, reference, total_arm['setting'], 'agents_mean')}."
-        )
-        table = {k: v for k, v in table.items() if v is not total_arm}
-    best_frames = max(table.values(), key=lambda e: e["agents_mean"])
-    best_time = max(
-        (
-            e
-            for e in table.values()
-            if e["score_at_equal_wall"] is not None and not math.isnan(e["score_at_equal_wall"])
-        ),
-        key=lambda e: e["score_at_equal_wall"],
-        default=None,
-    )
-    lines.append(
-        f"- Highest final score at equal frames: **{best_frames['setting']}** "
-        f"({fmt(best_frames['agents_mean'], best_frames['agents_mean_ci'])})."
-    )
-    if best_time:
-        lines.append(
-            f"- Highest score at equal wall-clock ({t_equal:.0f} s of training): **{best_time['setting']}** "
-            f"({fmt(best_time['score_at_equal_wall'], best_time['score_at_equal_wall_ci'])})."
-        )
-    fastest = max(table.values(), key=lambda e: e["fps"])
-    lines.append(f"- Fastest in frames/s: **{fastest['setting']}** ({fastest['fps']:.0f} frames/s).")
-    verdicts = []
-    for other in others:
-        per_frames = compare(table, reference, other, "agents_mean")
-        per_time = compare(table, reference, other, "score_at_equal_wall")
-        consensus = compare(table, reference, other, "consensus_eval")
-        lines.append(
-            f"- {reference} vs {other}: at equal frames {per_frames}; at equal wall-clock {per_time}; "
-            f"consensus policy {consensus}."
-        )
-        verdicts += [per_frames] if name in PER_AGENT_STEP else [per_frames, per_time]
-    measured = [v for v in verdicts if v in ("higher", "lower") or v.startswith("indistinguishable")]
-    if not measured:
-        verdict = "not tested here (cells missing)"
-    elif all(v == "higher" for v in measured):
-        verdict = "**agrees** with it"
-    elif any(v == "lower" for v in measured):
-        verdict = "**contradicts** it in at least one comparison"
-    else:
-        verdict = "**neither confirms nor refutes** it: with 3 seeds and this budget the intervals overlap"
-    lines.append(f"- Paper: {claim} This data {verdict}.")
-    return lines
-
-
 MINATAR_PAPER = (
     "Young & Tian 2019, *MinAtar: An Atari-inspired testbed for thorough and reproducible reinforcement "
     "learning experiments*, arXiv:1903.03176"
@@ -407,7 +259,7 @@ def published_text(env: str) -> str:
 
 def episode_curve(out: Path, key: str) -> list[dict]:
     """A baselines run's episodes (experiments/baselines.py's curve CSV) as the last-100 mean
-    after each one, in the rows ``swarm_curve`` reads (as ``read_curves`` gives a study's)."""
+    after each one, in the rows ``agent_curves`` reads (as ``read_curves`` gives a study's)."""
     with open(out / "curves" / f"{key}.csv", newline="") as f:
         episodes = [(int(r["frames"]), float(r["return"])) for r in csv.DictReader(f)]
     sums = np.concatenate([[0.0], np.cumsum([ret for _, ret in episodes])])
@@ -470,8 +322,8 @@ def baselines_section(out: Path, results: Path) -> list[str]:
         mean, half = ci95([float(np.mean(r["per_agent_last100"])) for r in mine])
         fps = np.mean([r["fps"] for r in mine])
         lines.append(
-            f"| {setting} | {per_agent:,} | {len(mine)} | {interval_text(estimate)} | {fmt(mean, half, bounds)} | "
-            f"{fps:.0f} |"
+            f"| {setting} | {per_agent:,} | {len(mine)} | {claims.interval_text(estimate)} | "
+            f"{fmt(mean, half, bounds)} | {fps:.0f} |"
         )
     lines += [
         "",
@@ -513,7 +365,7 @@ def baselines_section(out: Path, results: Path) -> list[str]:
             findings.append(f"gossiprl's one agent and {setting} are indistinguishable (the 95 % intervals overlap)")
         if per_agent == one[3]:
             estimate = stats.improvement_interval([scores[one_name]], [scores[setting]])
-            findings.append(f"P(gossiprl's one agent > {setting}) = {interval_text(estimate)}")
+            findings.append(f"P(gossiprl's one agent > {setting}) = {claims.interval_text(estimate)}")
     if findings:
         lines += ["**What the data says.**", ""] + [f"- {f}." for f in findings] + [""]
     return lines
@@ -530,10 +382,10 @@ def budget_lines(results: Path) -> list[str]:
         "**Budget.** The studies' distinct runs (a run shared by two studies counted once): "
         f"{len(rows)} runs, {frames / 1e6:.1f} M frames in {seconds / 60:.0f} min of wall-clock, "
         f"{frames / seconds:.0f} frames/s on average including process start-up and evaluation. The frames "
-        "per cell were chosen from a short probe of a 4-agent ring on MinAtar Breakout so that the "
-        "studies fit the two hours the machine was available, most important cells first "
-        "(`experiments/run_all.sh`); that budget is far below what MinAtar agents need to learn well, so "
-        "the scores are early-training scores.",
+        "per cell of the ordering, topology, scaling, batch and layout studies were chosen from a short probe "
+        "of a 4-agent ring on MinAtar Breakout so that they fit the two hours the machine was first available "
+        "(`experiments/run_all.sh`); that budget is far below what MinAtar agents need to learn well, so their "
+        "scores are early-training scores. Each study's setup gives its budget.",
         "",
     ]
 
@@ -602,20 +454,24 @@ def main(results, output):
         "**GPU.** No GPU machine was at hand in this session: the Pong/Breakout GPU runs of the issue "
         "(8-16 agents vs A2C vs independent, fixed wall-clock) were not done.",
         "",
-        "**How cells are judged.** Equal total frames per cell for the whole swarm; equal wall-clock is read "
+        "**How cells are judged.** Equal frames per cell, for the whole swarm or, where a study says so, for each "
+        "agent; equal wall-clock is read "
         "off the curves after T seconds of training, T the shortest of the settings' median training times "
         "(a cell done before T keeps its final score). Score = each agent's "
         "own mean return over its last 100 training episodes, averaged over agents (never pooled over agents); "
         "'worst agent' is the lowest of them. Each agent's final policy and the consensus policy (the plain "
         "average of all agents' final parameters) are played for fresh episodes (how many: each study's setup) "
         "with sampled actions. "
-        "Over seeds: mean ± 95 % Student-t interval; two settings are called different only where the "
-        "intervals do not overlap. Beside it, as rliable (Agarwal et al. 2021) reports (experiments/stats.py, "
-        "checked against rliable 1.2.0 in tests/unit/test_stats.py): the interquartile mean (IQM) of every "
-        "agent's own score, and the probability of improvement P(X > Y), the chance that an agent of X ends "
-        "above one of Y (ties 1/2), each with a 95 % percentile interval of a bootstrap that resamples whole "
-        "seeds (a seed's agents share its gossip and are not independent). Every interval is cut to the range "
-        "the score can take: the env's where its rules fix it, else the scores the study's runs reached (each "
+        "Over seeds, as rliable (Agarwal et al. 2021) reports (experiments/stats.py, checked against rliable 1.2.0 "
+        "in tests/unit/experiments/test_stats.py): the interquartile mean (IQM) of every agent's own score, and the "
+        "probability of improvement P(X > Y), the chance that an agent of X ends above one of Y (ties 1/2), each "
+        "with a 95 % percentile interval of a bootstrap that resamples whole seeds (a seed's agents share its "
+        "gossip and are not independent); the figures draw the IQM at every point of the curves with the same "
+        "bootstrap's band. Each paper's claim is judged on the axis it is about (experiments/claims.py): the data "
+        "**supports** it where P(X > Y)'s interval lies above 0.5, **contradicts** it where it lies below, and "
+        "**cannot decide** it where the interval holds 0.5. The tables also give the mean ± 95 % Student-t "
+        "interval, for reference; no verdict is read off it. Every interval is cut to the range the score can "
+        "take: the env's where its rules fix it, else the scores the study's runs reached (each "
         "study says which). The untrained policy's score (`python -m experiments.untrained`) is stated with "
         "each study and drawn as a dashed line in its figure.",
         "",

@@ -5,7 +5,7 @@ Each seed runs exactly the command a user copies, ``gossiprl run --topology ring
 and is then judged both ways: the launcher's pooled rule, and every agent's own last-100
 mean; plus the consensus policy's evaluation. Resumable per seed; one line per seed.
 
-    python -m experiments.readme_seeds --seeds 1,2,3,4,5,6
+    python -m experiments.readme_seeds --seeds 1,2,3,4,5,6 --out experiments/results/readme_seeds
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from pathlib import Path
 
 import click
 
-from experiments.common import write_csv
-from experiments.study import RESULTS
+from experiments.common import fresh_out, write_csv
 from gossiprl.rl.consensus import evaluate_consensus
 
 THRESHOLD = 475.0
@@ -36,9 +35,14 @@ THRESHOLD = 475.0
 )
 @click.option("--eval-episodes", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option(
-    "--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS / "readme_seeds", show_default=True
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Results dir; give an existing one to resume it, experiments/results/readme_seeds to update the "
+    "committed results [default: a fresh runs/readme_seeds-<time>/].",
 )
 def main(seeds, total_frames, eval_episodes, out):
+    out = out or fresh_out("readme_seeds", quick=False)
     (out / "cells").mkdir(parents=True, exist_ok=True)
     rows = []
     for seed in [int(s) for s in seeds.split(",")]:

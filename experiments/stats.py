@@ -8,15 +8,18 @@ of the statistical precipice*), in numpy, because rliable itself pulls arch, sea
   (ties count 1/2; the Mann-Whitney U over n m), averaged over tasks.
 * Intervals: percentile intervals of a stratified bootstrap, runs resampled within each task
   (and each arm's runs on their own for P(X > Y)), as rliable's ``get_interval_estimates`` does.
+* Curves: the IQM at each point of a learning curve, one bootstrap draw of whole runs serving
+  every point, as rliable's sample-efficiency curves are drawn.
 
 A task's scores are a (runs, members) array: a run is one seed, the only independent unit; its
 members are the agents of that seed's swarm, which share the seed's environment streams and
 gossip, so the bootstrap resamples whole runs and keeps their agents together. With one member
-per run every estimate here is rliable's own (tests/unit/test_stats.py checks that against it).
+per run every estimate here is rliable's own (tests/unit/experiments/test_stats.py checks that against it).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -97,14 +100,8 @@ def _paired(x_tasks: Sequence, y_tasks: Sequence) -> tuple[list[np.ndarray], lis
 def iqm_interval(tasks: Sequence, reps: int = 50_000, size: float = 0.95, seed: int = 0) -> Estimate:
     """IQM over all tasks' scores pooled, with its stratified-bootstrap percentile interval."""
     groups = as_tasks(tasks)
-    return _estimate(
-        groups,
-        lambda drawn: _iqm_rows(np.concatenate(drawn, axis=1)),
-        iqm(np.concatenate([g.ravel() for g in groups])),
-        reps,
-        size,
-        seed,
-    )
+    interval = _bootstrap(groups, lambda drawn: _iqm_rows(np.concatenate(drawn, axis=1)), reps, size, seed)
+    return _estimate(iqm(np.concatenate([g.ravel() for g in groups])), interval)
 
 
 def improvement_interval(
@@ -113,37 +110,68 @@ def improvement_interval(
     """P(X > Y) with its interval: X's and Y's runs resampled independently, each within its task."""
     xs, ys = _paired(x_tasks, y_tasks)
     n = len(xs)
-    return _estimate(
-        xs + ys,
-        lambda drawn: _improvement_rows(drawn[:n], drawn[n:]),
-        probability_of_improvement(xs, ys),
-        reps,
-        size,
-        seed,
-    )
+    interval = _bootstrap(xs + ys, lambda drawn: _improvement_rows(drawn[:n], drawn[n:]), reps, size, seed)
+    return _estimate(probability_of_improvement(xs, ys), interval)
 
 
-def _estimate(
+def iqm_curve_interval(
+    runs: np.ndarray, reps: int = 2_000, size: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQM at every point of a learning curve with its stratified-bootstrap band, as rliable's
+    sample-efficiency curves: ``runs`` is (runs, members, points), one draw of whole runs serves
+    every point, and a point takes the IQM of the members that reached it (nan: not reached).
+    Returns (iqm, low, high), each (points,); the band is nan where fewer than MIN_RUNS runs
+    reached the point, and the IQM where none did."""
+    runs = np.asarray(runs, dtype=float)
+    if runs.ndim != 3 or runs.shape[0] == 0 or runs.shape[1] == 0:
+        raise ValueError(f"curves must be a non-empty (runs, members, points) array: {runs.shape}")
+    point = _nan_iqm(runs.reshape(1, -1, runs.shape[2]))[0]
+    interval = _bootstrap([runs], lambda drawn: _nan_iqm(drawn[0]), reps, size, seed)
+    if interval is None:
+        return point, np.full_like(point, np.nan), np.full_like(point, np.nan)
+    low, high = interval
+    reached = np.sum(~np.isnan(runs).all(axis=1), axis=0)
+    thin = reached < MIN_RUNS
+    return point, np.where(thin, np.nan, low), np.where(thin, np.nan, high)
+
+
+def _nan_iqm(values: np.ndarray) -> np.ndarray:
+    """The 25 % trimmed mean over axis 1 of a (draws, n, points) array, of its non-nan values only."""
+    ordered = np.sort(values, axis=1)  # nan sorts last
+    count = np.sum(~np.isnan(values), axis=1, keepdims=True)
+    rank = np.arange(values.shape[1])[None, :, None]
+    kept = (rank >= count // 4) & (rank < count - count // 4)
+    with np.errstate(invalid="ignore"):  # a point no member reached: 0 / 0, nan as intended
+        return np.where(kept, ordered, 0.0).sum(axis=1) / kept.sum(axis=1)
+
+
+def _estimate(point: float, interval: tuple[np.ndarray, np.ndarray] | None) -> Estimate:
+    return Estimate(point, None, None) if interval is None else Estimate(point, float(interval[0]), float(interval[1]))
+
+
+def _bootstrap(
     groups: list[np.ndarray],
     statistic: Callable[[list[np.ndarray]], np.ndarray],
-    point: float,
     reps: int,
     size: float,
     seed: int,
-) -> Estimate:
-    """``statistic`` maps each group's resampled scores, a (draws, runs x members) array per group,
-    to one value per draw; the interval is the percentiles (1 -/+ size) / 2 of those values."""
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``statistic`` maps each group's resampled runs, a (draws, runs x members, ...) array per
+    group, to a value per draw (or a row of them); the interval is the percentiles (1 -/+ size) / 2
+    of those values over the draws. None where a group has fewer than MIN_RUNS runs."""
     if not 0 < size < 1:
         raise ValueError(f"size must be in (0, 1), got {size}")
     if reps < 1:
         raise ValueError(f"reps must be at least 1, got {reps}")
     if min(len(g) for g in groups) < MIN_RUNS:
-        return Estimate(point, None, None)
+        return None
     rng = np.random.default_rng(seed)
     values = []
     for start in range(0, reps, CHUNK):
         draws = min(CHUNK, reps - start)
-        drawn = [g[rng.integers(0, len(g), (draws, len(g)))].reshape(draws, -1) for g in groups]
+        drawn = [g[rng.integers(0, len(g), (draws, len(g)))].reshape(draws, -1, *g.shape[2:]) for g in groups]
         values.append(statistic(drawn))
-    low, high = np.percentile(np.concatenate(values), [50 * (1 - size), 50 * (1 + size)])
-    return Estimate(point, float(low), float(high))
+    with warnings.catch_warnings():  # a curve's point that no drawn run reached stays nan
+        warnings.simplefilter("ignore", RuntimeWarning)
+        low, high = np.nanpercentile(np.concatenate(values), [50 * (1 - size), 50 * (1 + size)], axis=0)
+    return low, high

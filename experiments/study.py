@@ -26,6 +26,7 @@ from experiments.common import (
     Cell,
     aggregate,
     cell_key,
+    fresh_out,
     read_curves,
     run_study,
     score_bounds,
@@ -92,7 +93,8 @@ def command(study: Study) -> click.Command:
         "--out",
         type=click.Path(file_okay=False, path_type=Path),
         default=None,
-        help=f"[default: experiments/results/{study.name}, or {study.name}-quick with --quick]",
+        help=f"Results dir; give an existing one to resume it, experiments/results/{study.name} to update the "
+        f"committed results [default: a fresh runs/{study.name}-<time>/, or a temporary dir with --quick].",
     )
     def main(quick, seeds, frames, env_id, eval_episodes, max_agents, out):
         env_id = env_id or (QUICK_ENV if quick else REAL_ENV)
@@ -102,7 +104,7 @@ def command(study: Study) -> click.Command:
             raise click.BadParameter(str(err), param_hint="--env") from None
         seed_list = [int(s) for s in (seeds or ("1,2" if quick else "1,2,3")).split(",") if s.strip()]
         frames = frames or (study.quick_frames if quick else study.real_frames)
-        out = out or RESULTS / (f"{study.name}-quick" if quick else study.name)
+        out = out or fresh_out(study.name, quick)
         cells, settings = planned_cells(study, quick, frames, seed_list)
         if not cells:
             raise click.UsageError(f"{study.name}: nothing to run here ({settings or 'no settings'})")

@@ -25,6 +25,7 @@ from . import config
 from .comms.settings import BrokerConfig, ClientConfig
 from .settings import (
     TOPOLOGY_OPTIONS,
+    ActorProcess,
     AgentProcess,
     BenchComms,
     BenchLearners,
@@ -485,13 +486,13 @@ def bench_train(ctx, seconds, agent_counts, quick, json_path, **_):
 @BENCH_LEARNERS_SETTINGS.options
 @click.pass_context
 def bench_learners(ctx, seconds, actor_counts, quick, json_path, **_):
-    """Frames/s of IMPALA (1, 2, 4 actors; one agent and a ring of 2) against A2C, every row in one
-    run, with IMPALA's policy lag and queue depth."""
+    """Frames/s and CPU time per frame of IMPALA (1, 4, 8 actors as threads and as processes; one
+    agent and a ring of 2) against A2C, every row in one run, with IMPALA's policy lag and queue depth."""
     require_rl("bench learners")
     from .bench import learners as bl
 
     values = BENCH_LEARNERS_SETTINGS.resolve(ctx)
-    counts = (1,) if quick else counts_of(actor_counts, 1, "actor counts", "1,2,4", "--actors")
+    counts = (1,) if quick else counts_of(actor_counts, 1, "actor counts", "1,4,8", "--actors")
     seconds = 1.0 if quick else seconds
     run_bench(lambda: bl.run(values["env_id"], seconds, counts, values["device"], echo=click.echo), values, json_path)
 
@@ -828,6 +829,53 @@ def agent(ctx, config_file, **_):
             sys.exit(_interrupted_status(received[0]))
         raise click.ClickException(str(err)) from None
     _agent_done(rank, summary)
+    if received:
+        sys.exit(_interrupted_status(received[0]))
+
+
+ACTOR_SETTINGS = config.Settings(
+    "actor",
+    config.settings_of("agent", only=("env_id", "sticky_actions", "torch_threads")),
+    flags_only=(config.settings_of(ActorProcess),),
+)
+"""An actor's env, and where its learner is: the learner tells it the rest when it joins."""
+
+
+@main.command()
+@ACTOR_SETTINGS.options
+@click.pass_context
+def actor(ctx, **_):
+    """One IMPALA actor for a learner on another host (started with --algo impala --actors-bind).
+
+    It plays --env with the newest parameters its learner gives it and sends the learner its
+    unrolls, until the learner stops; the learner sets its envs' seed and the unroll's shape."""
+    where = ACTOR_SETTINGS.build(ActorProcess, ctx.params)
+    _check_endpoint(where.connect, "--connect")
+    require_rl("actor")
+    from .comms.trajectories import LearnerGone
+    from .rl.actor_processes import run_actor
+    from .rl.settings import AgentConfig, host_cores
+
+    cfg = ACTOR_SETTINGS.build(AgentConfig, ctx.params)
+    check_env(cfg.env_id)
+    if (where.curve_secret is None) != (where.curve_learner is None):
+        raise click.UsageError("--curve-secret and --curve-learner go together (this actor's key and the learner's)")
+    curve = (where.curve_secret, where.curve_learner) if where.curve_secret else None
+    stop, received = _stop_on_signals()
+    click.echo(f"actor -> learner {where.connect}, playing {cfg.env_id}")
+    try:
+        unrolls = run_actor(
+            where.connect,
+            cfg.env_id,
+            cfg.sticky_actions,
+            env_threads=cfg.torch_threads or host_cores(),
+            stop=stop,
+            curve=curve,
+            torch_threads=cfg.torch_threads or 1,
+        )
+    except (LearnerGone, ValueError, OSError) as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"actor done: {unrolls:,} unrolls sent")
     if received:
         sys.exit(_interrupted_status(received[0]))
 

@@ -21,6 +21,7 @@ import queue
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -180,11 +181,11 @@ slower, and the test suite, which starts a few hundred agents, minutes slower)."
 
 
 def agent_context():
-    """The multiprocessing context agents start from: a forkserver that has imported
-    ``AGENT_PRELOAD`` where the platform has one (Linux, macOS), spawn elsewhere. Both start every
-    agent from a process without the launcher's threads, sockets or broker (a plain fork would
-    copy them); the forkserver only saves the imports."""
-    if "forkserver" not in mp.get_all_start_methods():
+    """The multiprocessing context agents start from: on Linux a forkserver that has imported
+    ``AGENT_PRELOAD``, elsewhere spawn (macOS's system libraries are not safe to fork once loaded,
+    and torch loads them). Both start every agent from a process without the launcher's threads,
+    sockets or broker (a plain fork would copy them); the forkserver only saves the imports."""
+    if not sys.platform.startswith("linux"):
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(AGENT_PRELOAD))

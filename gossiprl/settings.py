@@ -18,7 +18,7 @@ from pathlib import Path
 import topologies
 
 from .comms.dataplane import PLANES
-from .comms.settings import GOSSIP_TIMEOUT_S, BrokerConfig, ClientConfig
+from .comms.settings import GOSSIP_TIMEOUT_S, KEY_FILE, BrokerConfig, ClientConfig
 from .comms.turnlocks import MODES
 from .comms.wire import CODECS
 from .rl.settings import AgentConfig
@@ -171,6 +171,18 @@ class AgentProcess:
 
 
 @dataclass
+class ActorProcess:
+    """What `gossiprl actor` is told beyond its env: where its learner is, and the keys to reach it."""
+
+    connect: str | None = field(default=None, metadata={"required": True})
+    """The learner's endpoint, as its agent printed it (--actors-bind), e.g. tcp://HOST:5600."""
+    curve_secret: Path | None = field(default=None, metadata={"path": KEY_FILE})
+    """This actor's CURVE secret key (NAME.key_secret), for a learner that requires keys."""
+    curve_learner: Path | None = field(default=None, metadata={"path": KEY_FILE})
+    """The learner's public key (the NAME.key of its --actors-curve-secret)."""
+
+
+@dataclass
 class Top:
     """`gossiprl top`: how often the view is redrawn."""
 
@@ -265,8 +277,8 @@ class BenchTrain:
 class BenchLearners:
     seconds: float = field(default=30, metadata={"min": 1})
     """Seconds each row trains."""
-    actor_counts: str = field(default="1,2,4", metadata={"flag": "--actors"})
-    """Comma-separated actors per IMPALA agent."""
+    actor_counts: str = field(default="1,4,8", metadata={"flag": "--actors"})
+    """Comma-separated actors per IMPALA agent; each count is measured with thread and process actors."""
     quick: bool = field(default=False, metadata={"switch": True})
     """1 s per row and 1 actor only: a smoke test of every row."""
 

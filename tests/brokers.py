@@ -69,18 +69,9 @@ def publish_frames(tensors, seq, rnd):
     return [head("PUBLISH", seq=seq, round=rnd, tensors=schema), *[bytes(memoryview(b)) for b in buffers]]
 
 
-_CLOSED_BROKERS = []
-
-
 def new_broker(topology, **kwargs):
-    """A started Broker on tcp://127.0.0.1:0.
-
-    Brokers are kept referenced for the whole session: Broker names its inproc endpoints after id(self),
-    and a new Broker that reuses the id of one just closed and freed fails to bind (see
-    test_a_new_broker_right_after_closing_one_constructs); that bug must not make the other tests flaky."""
-    broker = Broker(topology, **kwargs).start()
-    _CLOSED_BROKERS.append(broker)
-    return broker
+    """A started Broker on tcp://127.0.0.1:0."""
+    return Broker(topology, **kwargs).start()
 
 
 def close_broker(broker, timeout=5.0):

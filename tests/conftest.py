@@ -12,12 +12,13 @@ A test module never imports from another test module.
 import os
 import signal
 import tempfile
-import time
 import warnings
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+
+from helpers import poll_until
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -88,9 +89,12 @@ def no_process_left_behind(session_tmpdir):
     before = set(_process_tree(os.getpid()))
     dirs_before = set(session_tmpdir.glob("gossiprl-*"))
     yield
-    deadline = time.monotonic() + 5
-    while (left := [pid for pid in _process_tree(os.getpid()) if pid not in before]) and time.monotonic() < deadline:
-        time.sleep(0.1)
+
+    def stragglers():
+        return [pid for pid in _process_tree(os.getpid()) if pid not in before]
+
+    poll_until(lambda: not stragglers(), 5, every=0.1)
+    left = stragglers()
     for pid in reversed(left):  # children first, so none is re-parented out of reach
         try:
             os.kill(pid, signal.SIGKILL)

@@ -33,13 +33,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(ready, timeout, what, every=0.2, process=None):
-    """Poll ready() until it is true; fail with `what` once `timeout` seconds pass, or at once when
-    `process` (a Popen the wait depends on) has exited, since then ready() would never come true."""
+def poll_until(ready, timeout, every=0.2, process=None) -> bool:
+    """Poll ready() every `every` seconds until it is true (True), or until `timeout` seconds pass or
+    `process` (a Popen the wait depends on, or a list of them) has exited (False): a test waits on the
+    state it needs, never for a guessed time."""
     deadline = time.monotonic() + timeout
+    processes = [] if process is None else process if isinstance(process, list) else [process]
     while not ready():
-        assert time.monotonic() < deadline and (process is None or process.poll() is None), what
+        if time.monotonic() >= deadline or any(p.poll() is not None for p in processes):
+            return False
         time.sleep(every)
+    return True
+
+
+def wait_for(ready, timeout, what, every=0.2, process=None):
+    """poll_until, failing with `what` when ready() never came true; `what` may be a callable, called
+    only on failure (to attach logs read then)."""
+    assert poll_until(ready, timeout, every, process), what() if callable(what) else what
 
 
 def agent_pids(launcher: int) -> list[int]:

@@ -95,6 +95,7 @@ def swarm_row(swarm, agent_cfg, seconds: float, allowances=STARTUP_ALLOWANCES) -
     sourced = {k for s in agents for k in s if "/" in k}
     return {
         "fps": sum(s[f"{prefix}fps"] for s in agents),
+        "window": (min(s["steady_since"] for s in agents), max(s["steady_until"] for s in agents)) if steady else None,
         "shares": {k: float(np.mean([s.get(f"{prefix}{k}_share", 0.0) for s in agents])) for k in SHARES},
         "steady": steady,
         **{k: float(np.mean([s[k] for s in agents if k in s])) for k in sorted(sourced)},
@@ -133,7 +134,8 @@ def run(
     )
     rows: list[dict] = []
 
-    def add(name: str, fps: float, shares: dict | None = None, steady: bool = True) -> None:
+    def add(name: str, fps: float, shares: dict | None = None, steady: bool = True, window=None) -> None:
+        """One row; ``window``, the agents' steady window, is for benchmarks that time it from outside."""
         rows.append({"row": name, "fps": fps, "shares": shares, "steady": steady})
         echo(_format(rows[-1], rows))
 

@@ -13,7 +13,6 @@ stored and forwarded as the zmq frames that arrived, never copied in Python.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -93,14 +92,10 @@ class Broker:
         self.max_payload_bytes = max_payload_bytes
         self.instance = uuid.uuid4().hex[:16]
         """Sent in every reply: a client that sees it change knows for certain the broker restarted."""
-        keys.check_bind(bind, curve is not None, insecure)
-        raise_fd_limit()
-        self._curve = keys.CurveServer(*curve, context=context) if curve is not None else None
-        ctx = self._curve.context if self._curve else (context or zmq.Context.instance())
-        self._sockets = _Sockets(ctx, self._curve, bind, max_payload_bytes, max_queued_replies)
-        self._sock = self._sockets.router
-        self._outbox = _Outbox(self._sock, self.instance, max_queued_bytes)
-        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._sockets = _Sockets(bind, curve, insecure, context, max_payload_bytes, max_queued_replies)
+        self._curve = self._sockets.curve
+        self._outbox = _Outbox(self._sockets.router, self.instance, max_queued_bytes)
+        self.address = self._sockets.router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._thread: threading.Thread | None = None
         self._served = threading.Event()
         """Set when serve_forever has closed the sockets. Trusted over Thread.is_alive(), which on
@@ -219,15 +214,12 @@ class Broker:
             self._leave(peer, f"stopped reading its replies ({why})")
 
     def _send(self, replies: list[Reply]) -> None:
-        """The replies the locks released, to the ranks still registered; an ACK names the readers it relays to."""
+        """The replies the locks released, to the ranks still registered, with what the data plane adds to each."""
         for r in replies:
             peer = self.registry.peers[r.rank]
             if peer.identity is None:
                 continue
-            if r.cmd == wire.ACK and (relay := self.plane.relays(r.rank, self.locks, self.registry.registered)):
-                r.fields["relay"] = relay
-            if self.plane.session:
-                r.fields.update(self.plane.grant(r.rank, self.topology))
+            r.fields.update(self.plane.reply_fields(r.rank, r.cmd, self.locks, self.registry.registered))
             self._reply(peer.identity, r.cmd, r.fields, r.payload, peer.queued)
 
     # ------------------------------------------------------------ handlers
@@ -249,11 +241,7 @@ class Broker:
 
     def _on_publish(self, peer: Peer, msg: wire.Message) -> None:
         """Check the letter against the swarm's schema before it is kept, then hand it to the locks."""
-        tensors = msg.get("tensors")
-        if isinstance(tensors, list):
-            self.registry.check_tensor_count(len(tensors))
-        wire.decode_payload(msg, self.max_payload_bytes)
-        self.registry.pin_schema(tuple(spec.schema_key for spec in msg.specs), msg.header_bytes)
+        self.registry.check_letter(msg, self.max_payload_bytes)
         nbytes = sum(spec.nbytes for spec in msg.specs) if msg.frames else 0  # a reference alone moves no bytes here
         header = {"tensors": msg["tensors"], **({"ref": msg["ref"]} if "ref" in msg.header else {})}
         self.plane.published(peer.rank, header, msg["round"], self)
@@ -262,9 +250,7 @@ class Broker:
 
     def _on_collect(self, peer: Peer, msg: wire.Message) -> None:
         """A reader that could not open some writers' references names them: the data plane relays those edges."""
-        reads = functools.partial(self.locks.reads_from, peer.rank)
-        if self.plane.unreachable(peer.rank, msg.get("unreachable", ()), reads):
-            self.plane.end_session(self.locks)  # a relayed edge cannot take its turns in shared memory
+        self.plane.unreachable(peer.rank, msg.get("unreachable", ()), self.locks)
         taken = msg.get("taken", ())
         self._send(self.locks.collect(peer.rank, msg["seq"], msg["round"], time.monotonic(), skip=taken))
 
@@ -321,12 +307,17 @@ class Broker:
 
 
 class _Sockets:
-    """The broker's three sockets: the ROUTER the agents reach, bound with its limits; a monitor
-    of the connections it refused; and the inproc control socket, the one way other threads reach
-    the serving thread (b"stop", or a rank declared gone). Nothing is left open if the bind fails."""
+    """The broker's three sockets: the ROUTER the agents reach, bound with its limits (and its CURVE
+    server, ``curve``, when given key files); a monitor of the connections it refused; and the inproc
+    control socket, the one way other threads reach the serving thread (b"stop", or a rank declared
+    gone). A bind other hosts could reach is refused without keys or ``insecure``; nothing is left
+    open if the bind fails."""
 
-    def __init__(self, ctx: zmq.Context, curve, bind: str, max_payload_bytes: int, max_queued_replies: int):
-        self._ctx = ctx
+    def __init__(self, bind: str, curve, insecure: bool, context, max_payload_bytes: int, max_queued_replies: int):
+        keys.check_bind(bind, curve is not None, insecure)
+        raise_fd_limit()
+        self.curve = curve = keys.CurveServer(*curve, context=context) if curve is not None else None
+        self._ctx = ctx = curve.context if curve else (context or zmq.Context.instance())
         self.router = sock = ctx.socket(zmq.ROUTER)
         if curve is not None:
             curve.apply(sock)

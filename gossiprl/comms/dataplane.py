@@ -822,20 +822,23 @@ class BrokerPlane:
             **({"fetch_token": self.fetch_token} if self.fetch_token else {}),
         }
 
-    def unreachable(self, reader: int, writers, reads: Callable[[int], bool]) -> int:
-        """A reader names writers it could not reach; ``reads(j)``: it reads from j as wired now. Only
-        those edges are relayed: one COLLECT naming every rank used to make every writer upload every letter.
-        Returns how many edges it relays anew."""
+    def unreachable(self, reader: int, writers, locks) -> int:
+        """A reader names writers it could not reach (COLLECT ``unreachable``). Only the edges it reads
+        as ``locks`` (the TurnLocks) are wired now are relayed: one COLLECT naming every rank used to
+        make every writer upload every letter. A new relayed edge ends the session, since it cannot
+        take its turns in shared memory. Returns how many edges it relays anew."""
         added = 0
         for j in writers:
             if (j, reader) in self.relay_edges:
                 continue
-            if j != reader and reads(j):
+            if j != reader and locks.reads_from(reader, j):
                 self.relay_edges.add((j, reader))
                 self.events["data-plane-fallbacks"] += 1
                 added += 1
             else:
                 self.events["relay-requests-ignored"] += 1
+        if added:
+            self.end_session(locks)
         return added
 
     def open_letter(self, letter, reader: int) -> tuple[dict, list, int]:
@@ -902,6 +905,12 @@ class BrokerPlane:
             ref = self._ready[p]
             readers.append([p, ref.get("pid"), ref.get("ctl_fd"), ref.get("ctl_token")])
         return {"session": {"id": self.session, "round": self.session_round, "readers": readers}}
+
+    def reply_fields(self, rank: int, cmd: str, locks, registered: Callable[[int], bool]) -> dict:
+        """What the data plane adds to a reply the locks released for ``rank``: an ACK's ``relay`` (the
+        readers its writer must send the bytes to), and the session grant while a session is in force."""
+        relay = self.relays(rank, locks, registered) if cmd == wire.ACK else []
+        return {**({"relay": relay} if relay else {}), **self.grant(rank, locks.topology)}
 
     def relays(self, writer: int, locks, registered: Callable[[int], bool]) -> list[int]:
         """Readers that cannot open ``writer``'s references (its last letter in ``locks``, the

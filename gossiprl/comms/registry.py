@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from .wire import WireError
+from .wire import Message, WireError, decode_payload
 
 
 @dataclass
@@ -158,6 +158,15 @@ class Registry:
             )
         if self.schema is None:
             self.schema, self.letter_header = schema, header_bytes
+
+    def check_letter(self, msg: Message, max_payload_bytes: int) -> None:
+        """A PUBLISH's tensors against the swarm's schema, cheapest first: their count before their
+        specs are parsed, then the frames against the specs, then the schema the first letter pinned."""
+        tensors = msg.get("tensors")
+        if isinstance(tensors, list):
+            self.check_tensor_count(len(tensors))
+        decode_payload(msg, max_payload_bytes)
+        self.pin_schema(tuple(spec.schema_key for spec in msg.specs), msg.header_bytes)
 
     def check_tensor_count(self, count: int) -> None:
         """A letter must carry the swarm's number of tensors: refused before its schema is parsed."""

@@ -1,39 +1,53 @@
-"""IMPALA's actors (Espeholt et al. 2018): threads that roll out with the parameters they last
-received and hand their trajectories to the learner through a bounded queue.
+"""IMPALA's actors (Espeholt et al. 2018) and the learner's end of them: the rollout source of
+``--algo impala``.
 
 The shape is torchbeast monobeast's: actors act, the learner learns, and two things pass between
-them. ``trajectories`` (a bounded ``queue.Queue``) carries each unroll to the learner: the
-observations, actions, rewards, dones, the behaviour policy's logits and the parameter version the
-actor acted with. ``ParameterBoard`` carries the learner's newest parameters back: the learner
-publishes after each update (and after gossip has mixed the neighbours in), an actor copies them
-at the start of each unroll if they are newer than its own. The actor's parameters are therefore
-up to a few updates old; that lag is what V-trace (``vtrace``) corrects, and what the learner logs.
+them. ``trajectories`` carries each unroll to the learner: the observations, actions, rewards,
+dones, the behaviour policy's logits and the parameter version the actor acted with. The
+parameters travel back: the learner publishes them after each update (and after gossip has mixed
+the neighbours in), and an actor takes them at the start of each unroll if they are newer than its
+own. The actor's parameters are therefore up to a few updates old; that lag is what V-trace
+(``vtrace``) corrects, and what the learner logs.
 
-Threads, not processes: a process per actor pays a torch import and a network of its own, and on
-this project's 2-core hosts, shared with the swarm's other agents, it found no idle core to repay
-that. Measured with the same actors as spawned processes, the threads trained MinAtar Breakout as
-fast in the steady state and CartPole faster, and started in a fraction of the time
-(docs/algorithm.md, "IMPALA").
-A full queue blocks the actors rather than dropping their unrolls, so no trajectory is lost or
-duplicated and the actors cannot run far ahead of the learner.
+Where the actors run is ``--actor-placement``. ``process`` (``actor_processes``): each actor is a
+process of its own, on this host or another, and the two flows are messages over ZeroMQ
+(``gossiprl.comms.trajectories``). ``thread`` (``ActorThreads``, below): each actor is a thread
+of the learner's process, ``trajectories`` a bounded ``queue.Queue`` and the parameters a
+``ParameterBoard``; no serialisation, no start-up, but the actors share the learner's interpreter.
+Either way the queue is bounded and a full queue blocks the actors rather than dropping their
+unrolls, so no trajectory is lost or duplicated and the actors cannot run far ahead of the learner.
+docs/algorithm.md ("IMPALA") has the measurements behind the default placement.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
+from gossiprl.comms.trajectories import ActorFailed, Trajectory
 from gossiprl.rl.envs import make_env
 from gossiprl.rl.models import flatten_parameters, make_model
 from gossiprl.rl.rollouts import Rollout, act
 
+__all__ = ["ActorFailed", "ActorPool", "ActorThreads", "Batch", "Trajectory"]
+
 POLL_S = 0.05
 """How often a blocked actor or the waiting learner looks up from the queue to check for a stop
 or a failed actor."""
+
+BATCH_ARRAYS = {
+    "obs": "obs",
+    "actions": "actions",
+    "rewards": "rewards",
+    "dones": "dones",
+    "bootstrap": "bootstrap",
+    "logits": "behaviour_logits",
+}
+"""Each array of a trajectory and the field of the batch it fills."""
 
 
 class Batch(Rollout):
@@ -45,19 +59,82 @@ class Batch(Rollout):
         self.behaviour_logits = torch.zeros((n_steps, num_envs, num_actions), device=device)
 
 
-@dataclass
-class Trajectory:
-    """One actor's unroll, as it travels through the queue."""
+def unroll_arrays(rollout: Rollout, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """An actor's unroll as the trajectory's arrays, by name."""
+    return {name: logits if name == "logits" else getattr(rollout, name) for name in BATCH_ARRAYS}
 
-    actor: int
-    index: int
-    """The actor's count of unrolls before this one: the learner can tell a lost or repeated one."""
-    version: int
-    """The learner's update count behind the parameters the actor acted with."""
-    rollout: Rollout
-    logits: torch.Tensor
-    episodes: list[tuple[float, int]]
-    """(return, length) of the episodes that ended in this unroll."""
+
+class ActorPool:
+    """The rollout source of ``--algo impala`` (``rollouts.RolloutSource``): ``actors_per_agent``
+    actors where ``--actor-placement`` puts them, and the batch their unrolls fill."""
+
+    def __init__(self, cfg, hp, seed: int, env_threads: int):
+        from gossiprl.rl.actor_processes import ActorProcesses
+
+        self.hp = hp
+        placement = {"thread": ActorThreads, "process": ActorProcesses}[hp.actor_placement]
+        self.actors = placement(cfg, hp, seed, env_threads)
+        self.observation_space, self.action_space = self.actors.observation_space, self.actors.action_space
+        self.frames_per_update = hp.n_steps * hp.num_envs * hp.batch_size * self.actors.frames_per_step
+        self.episodes: list[tuple[float, int]] = []
+        self.taken: list[Trajectory] = []
+        """The last batch's trajectories, in the order they fill its columns."""
+
+    def start(self, model: nn.Module, flat_params: torch.Tensor, device: torch.device) -> Batch:
+        self.flat_params = flat_params
+        obs_dtype = torch.from_numpy(self.observation_space.sample()).dtype
+        self.batch = Batch(
+            self.hp.n_steps,
+            self.hp.num_envs * self.hp.batch_size,
+            self.observation_space.shape,
+            obs_dtype,
+            device,
+            int(self.action_space.n),
+        )
+        self.actors.start(flat_params)
+        return self.batch
+
+    def next(self, version: int) -> dict[str, float]:
+        """Publish the learner's parameters as ``version``, then wait for ``batch_size`` unrolls."""
+        self.actors.publish(self.flat_params, version)
+        depth = self.actors.depth()
+        self.taken = []
+        while len(self.taken) < self.hp.batch_size:
+            trajectory = self.actors.take(POLL_S)
+            if trajectory is not None:
+                self.taken.append(trajectory)
+        width = self.hp.num_envs
+        for j, trajectory in enumerate(self.taken):
+            columns = slice(j * width, (j + 1) * width)
+            for name, field in BATCH_ARRAYS.items():
+                fill(getattr(self.batch, field)[:, columns], trajectory.arrays[name])
+            self.episodes += trajectory.episodes
+        lags = [version - trajectory.version for trajectory in self.taken]
+        return {
+            "impala/policy_lag_mean": sum(lags) / len(lags),
+            "impala/policy_lag_max": float(max(lags)),
+            "impala/queue_depth": float(depth),
+        }
+
+    def pop_episodes(self) -> list[tuple[float, int]]:
+        episodes, self.episodes = self.episodes, []
+        return episodes
+
+    def close(self) -> None:
+        self.actors.close()
+
+
+def fill(dest: torch.Tensor, source) -> None:
+    """Copy a trajectory's array (a tensor, or a read-only numpy array off the wire) into ``dest``."""
+    if isinstance(source, torch.Tensor):
+        dest.copy_(source)
+    elif dest.device.type == "cpu":
+        dest.numpy()[...] = source
+    else:
+        dest.copy_(torch.from_numpy(np.array(source)))
+
+
+# ------------------------------------------------------------------ actors as threads
 
 
 class ParameterBoard:
@@ -110,7 +187,8 @@ class Actor(threading.Thread):
             logits = torch.empty((self.hp.n_steps, self.hp.num_envs, num_actions))
             act(self.model, self.envs, rollout, self.hp, logits)
             obs = rollout.obs[-1]
-            trajectory = Trajectory(self.index, self.unrolls, version, rollout, logits, self.envs.pop_episodes())
+            arrays = unroll_arrays(rollout, logits)
+            trajectory = Trajectory(self.index, self.unrolls, version, arrays, self.envs.pop_episodes())
             while not self.stop.is_set():
                 try:
                     self.trajectories.put(trajectory, timeout=POLL_S)
@@ -120,13 +198,9 @@ class Actor(threading.Thread):
                     continue
 
 
-class ActorFailed(RuntimeError):
-    """An actor thread raised; the learner re-raises it so the run ends with the actor's error."""
-
-
-class ActorPool:
-    """The rollout source of ``--algo impala``: ``actors_per_agent`` actor threads and the queue and
-    board between them and this learner (``rollouts.RolloutSource``)."""
+class ActorThreads:
+    """``--actor-placement thread``: ``actors_per_agent`` actor threads in the learner's process,
+    the queue ``trajectories`` and the ``ParameterBoard`` between them and the learner."""
 
     def __init__(self, cfg, hp, seed: int, env_threads: int):
         self.hp = hp
@@ -142,68 +216,39 @@ class ActorPool:
             for a in range(hp.actors_per_agent)
         ]
         self.observation_space, self.action_space = self.envs[0].observation_space, self.envs[0].action_space
-        self.frames_per_update = hp.n_steps * hp.num_envs * hp.batch_size * self.envs[0].frames_per_step
+        self.frames_per_step = self.envs[0].frames_per_step
         self.trajectories: queue.Queue[Trajectory] = queue.Queue(maxsize=hp.queue_size)
         self.stop = threading.Event()
         self.actors: list[Actor] = []
-        self.episodes: list[tuple[float, int]] = []
-        self.taken: list[Trajectory] = []
-        """The last batch's trajectories, in the order they fill its columns."""
 
-    def start(self, model: nn.Module, flat_params: torch.Tensor, device: torch.device) -> Batch:
-        self.flat_params = flat_params
+    def start(self, flat_params: torch.Tensor) -> None:
         self.board = ParameterBoard(flat_params)
         for a, envs in enumerate(self.envs):
             copy = make_model(self.observation_space, self.action_space)
             actor = Actor(a, envs, copy, self.board, self.trajectories, self.stop, self.hp)
             actor.flat.copy_(self.board.flat)
             self.actors.append(actor)
-        obs_dtype = torch.from_numpy(self.observation_space.sample()).dtype
-        self.batch = Batch(
-            self.hp.n_steps,
-            self.hp.num_envs * self.hp.batch_size,
-            self.observation_space.shape,
-            obs_dtype,
-            device,
-            int(self.action_space.n),
-        )
         for actor in self.actors:
             actor.start()
-        return self.batch
 
-    def next(self, version: int) -> dict[str, float]:
-        """Publish the learner's parameters as ``version``, then wait for ``batch_size`` unrolls."""
+    def publish(self, flat_params: torch.Tensor, version: int) -> None:
         self.check_actors()
-        self.board.publish(self.flat_params, version)
-        depth = self.trajectories.qsize()
-        self.taken = []
-        while len(self.taken) < self.hp.batch_size:
-            try:
-                self.taken.append(self.trajectories.get(timeout=POLL_S))
-            except queue.Empty:
-                self.check_actors()
-        width = self.hp.num_envs
-        for j, trajectory in enumerate(self.taken):
-            columns = slice(j * width, (j + 1) * width)
-            for name in ("obs", "actions", "rewards", "dones", "bootstrap"):
-                getattr(self.batch, name)[:, columns].copy_(getattr(trajectory.rollout, name))
-            self.batch.behaviour_logits[:, columns].copy_(trajectory.logits)
-            self.episodes += trajectory.episodes
-        lags = [version - trajectory.version for trajectory in self.taken]
-        return {
-            "impala/policy_lag_mean": sum(lags) / len(lags),
-            "impala/policy_lag_max": float(max(lags)),
-            "impala/queue_depth": float(depth),
-        }
+        self.board.publish(flat_params, version)
+
+    def depth(self) -> int:
+        return self.trajectories.qsize()
+
+    def take(self, timeout: float) -> Trajectory | None:
+        try:
+            return self.trajectories.get(timeout=timeout)
+        except queue.Empty:
+            self.check_actors()
+            return None
 
     def check_actors(self) -> None:
         for actor in self.actors:
             if actor.error is not None:
                 raise ActorFailed(f"{actor.name} failed: {type(actor.error).__name__}: {actor.error}") from actor.error
-
-    def pop_episodes(self) -> list[tuple[float, int]]:
-        episodes, self.episodes = self.episodes, []
-        return episodes
 
     def close(self) -> None:
         self.stop.set()

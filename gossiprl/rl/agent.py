@@ -390,12 +390,17 @@ class Tally:
 
 def steady_figures(steady, until: float, frames: int, timing: dict[str, float]) -> dict[str, float]:
     """Frames/s and time shares from the end of the warm-up to ``until``, the end of the last
-    update (``steady_fps``, ``steady_<part>_share``); empty when training ended before the warm-up did."""
+    update (``steady_fps``, ``steady_<part>_share``), and the window itself in ``time.perf_counter``
+    readings (``steady_since``, ``steady_until``: on Linux the host's monotonic clock, which other
+    processes read too, so a benchmark can measure the same window from outside); empty when
+    training ended before the warm-up did."""
     if steady is None:
         return {}
     since, frames_then, timing_then = steady
     wall = max(until - since, 1e-9)
     return {
+        "steady_since": since,
+        "steady_until": until,
         "steady_fps": (frames - frames_then) / wall,
         **{f"steady_{k}_share": (v - timing_then[k]) / wall for k, v in timing.items()},
     }

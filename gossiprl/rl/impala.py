@@ -1,7 +1,7 @@
 """IMPALA's learner (Espeholt et al. 2018), the update rule of ``--algo impala``.
 
 Read top to bottom: the env-dependent defaults, then one update. The experience comes from
-actor threads that act with the parameters they last received (``actors.ActorPool``), so the
+actors that act with the parameters they last received (``actors.ActorPool``), so the
 batch was drawn from a behaviour policy mu a few updates older than the learner's pi. V-trace
 (``vtrace``) corrects for that: the value targets v_s and the policy-gradient advantages
 rho_s (r_s + gamma v_{s+1} - V(x_s)) weigh each step by its truncated importance ratio pi/mu.

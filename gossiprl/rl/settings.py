@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gossiprl.comms.gossip import AGGREGATES
+from gossiprl.comms.settings import KEY_FILE
+
+ACTOR_PLACEMENTS = ("process", "thread")
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -105,8 +109,25 @@ class PPOConfig:
 @dataclass
 class ImpalaConfig:
     actors_per_agent: int = field(default=2, metadata={"min": 1})
-    """Actor threads per learner, each stepping its own --num-envs envs with the newest parameters
-    it has been given (the paper's actors; one agent is one IMPALA learner)."""
+    """Actors per learner, each stepping its own --num-envs envs with the newest parameters it has
+    been given (the paper's actors; one agent is one IMPALA learner)."""
+    actor_placement: str = field(
+        default="process", metadata={"choices": ACTOR_PLACEMENTS, "may_change_on_resume": True}
+    )
+    """Where the actors run: 'process', each a process of its own that sends its unrolls to the
+    learner over ZeroMQ (and may run on another host, with --actors-bind), or 'thread', threads of
+    the learner's process handing them over through an in-process queue (docs/algorithm.md, IMPALA)."""
+    actors_bind: str | None = field(default=None, metadata={"may_change_on_resume": True})
+    """With --actor-placement process: the endpoint (tcp://HOST:PORT) where actors from other hosts
+    join this learner with `gossiprl actor --connect`, beside its own --actors-per-agent; a port of *
+    picks a free one (printed). None: a private ipc:// socket for the learner's own actors only."""
+    actors_curve_secret: Path | None = field(default=None, metadata={"path": KEY_FILE, "may_change_on_resume": True})
+    """The learner's CURVE secret key for --actors-bind (NAME.key_secret from `gossiprl keys generate`):
+    required on an address other hosts can reach."""
+    actors_curve_allow: Path | None = field(
+        default=None, metadata={"path": {"exists": True, "file_okay": False}, "may_change_on_resume": True}
+    )
+    """Directory of the public keys (*.key) of the actors this learner admits, with --actors-curve-secret."""
     num_envs: int = field(default=4, metadata={"min": 1})
     """Environments each actor steps in lockstep: one unroll is --n-steps x this many env steps."""
     n_steps: int = field(default=20, metadata={"min": 1})
@@ -208,7 +229,7 @@ class AgentConfig:
     """Stop early once the mean of this agent's last 100 finished episodes reaches this."""
     algo: str = field(default="a2c", metadata={"choices": tuple(LEARNERS)})
     """The learner, i.e. the update rule between two rollouts: 'a2c' (the PALA / GALA papers'), 'ppo'
-    (CleanRL's clipped PPO) or 'impala' (actor threads and a V-trace learner, Espeholt et al. 2018).
+    (CleanRL's clipped PPO) or 'impala' (actors apart from a V-trace learner, Espeholt et al. 2018).
     Its hyperparameters are the flags marked with its name."""
     a2c: A2CConfig = field(default_factory=A2CConfig)
     """A2C's hyperparameters (paper defaults), used with --algo a2c."""

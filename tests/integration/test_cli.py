@@ -190,8 +190,9 @@ def test_cartpole_swarm_run_leaves_summary_metrics_and_checkpoints(swarm_run):
 def test_impala_ring_of_two_runs_end_to_end_and_logs_its_lag(tmp_path):
     run_dir = tmp_path / "run"
     small = ["--actors-per-agent", 2, "--num-envs", 2, "--n-steps", 5, "--batch-size", 2, "--queue-size", 2]
+    threads = ["--actor-placement", "thread"]  # the gossip is under test here; actor processes have their own run
     result = invoke(
-        "run", "--algo", "impala", "--agents", 2, "--topology", "ring", *small, "--total-frames", 2000,
+        "run", "--algo", "impala", "--agents", 2, "--topology", "ring", *small, *threads, "--total-frames", 2000,
         "--log-every", 10, "--run-dir", run_dir, "--no-progress", "--stop-at-return", "none",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -205,6 +206,41 @@ def test_impala_ring_of_two_runs_end_to_end_and_logs_its_lag(tmp_path):
         lags = [float(row["impala/policy_lag_max"]) for row in rows]
         assert all(0 <= lag <= 10 for lag in lags), lags
         assert all(0 <= float(row["impala/rho_clipped"]) <= 1 for row in rows)
+
+
+@pytest.mark.timeout(180)
+def test_impala_with_actor_processes_trains_cartpole_end_to_end_with_an_actor_from_elsewhere(tmp_path):
+    """One actor process the learner spawns, and one `gossiprl actor` that joins over tcp as an
+    actor on another host would (started first: it waits for the learner to bind)."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    remote = subprocess.Popen(
+        [sys.executable, "-m", "gossiprl.cli", "actor", "--connect", endpoint, "--env", "CartPole-v1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    run_dir = tmp_path / "run"
+    small = ["--actors-per-agent", 1, "--num-envs", 2, "--n-steps", 5, "--batch-size", 2, "--queue-size", 4]
+    try:
+        result = invoke(
+            "run", "--algo", "impala", "--actor-placement", "process", "--actors-bind", endpoint, "--agents", 1,
+            *small, "--total-frames", 3000, "--log-every", 10, "--run-dir", run_dir, "--no-progress",
+            "--stop-at-return", "none",
+        )  # fmt: skip
+        said, _ = remote.communicate(timeout=60)
+    finally:
+        remote.kill()
+    assert result.exit_code == 0, result.output
+    assert remote.returncode == 0, said
+    sent = int(re.search(r"actor done: ([\d,]+) unrolls sent", said).group(1).replace(",", ""))
+    assert sent > 0  # the learner told it to stop, and it had sent unrolls before
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] >= 3000 and summary["episodes"] > 0
+    with open(run_dir / "agent-0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert int(rows[-1]["updates"]) == 150  # 3000 frames, 20 per update
+    assert all(0 <= float(row["impala/policy_lag_max"]) <= 10 for row in rows)
+    assert all(0 <= float(row["impala/queue_depth"]) <= 4 for row in rows)  # the credits bound the queue
 
 
 @pytest.mark.timeout(120)
@@ -342,4 +378,4 @@ def test_bench_train_refuses_bad_flags_in_one_line():
     bad = invoke("bench", "train", "--agents", "1,x")
     assert bad.exit_code == 2 and "give ring sizes >= 2" in bad.output
     bad = invoke("bench", "learners", "--actors", "0,2")
-    assert bad.exit_code == 2 and "give actor counts >= 1 separated by commas, e.g. 1,2,4" in bad.output
+    assert bad.exit_code == 2 and "give actor counts >= 1 separated by commas, e.g. 1,4,8" in bad.output

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from gossiprl import launch
-from helpers import REPO_ROOT, free_port
+from helpers import REPO_ROOT, free_port, poll_until, wait_for
 
 README = REPO_ROOT / "README.md"
 FRAMES = 4000
@@ -136,22 +136,22 @@ def slurm(tmp_path):
     def logs():
         return "\n".join(f"--- {p.name}:\n{p.read_text()[-2000:]}" for p in root.glob("*.log"))
 
-    def wait_for(ready, what, timeout):
-        deadline = time.monotonic() + timeout
-        while not ready():
-            assert all(p.poll() is None for p in daemons), f"a daemon exited while waiting for {what}\n{logs()}"
-            assert time.monotonic() < deadline, f"no {what} after {timeout}s\n{logs()}"
-            time.sleep(0.1)
+    def wait_for_daemons(ready, what, timeout):
+        def failed():
+            exited = [p.args[0] for p in daemons if p.poll() is not None]
+            return f"no {what} after {timeout}s (daemons exited: {exited or 'none'})\n{logs()}"
+
+        wait_for(ready, timeout, failed, every=0.1, process=daemons)
 
     def squeue():
         return subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
 
     try:
         start("munged", *munged)
-        wait_for((root / "munge.sock").exists, "munge socket", 10)
+        wait_for_daemons((root / "munge.sock").exists, "munge socket", 10)
         start("slurmctld", "-D", "-i")
         start("slurmd", "-D", "-N", "localhost")
-        wait_for(
+        wait_for_daemons(
             lambda: (
                 subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True).stdout.strip()
                 == "idle"
@@ -164,9 +164,7 @@ def slurm(tmp_path):
         # Jobs first: `scontrol shutdown` stops the daemons but leaves running steps behind.
         if jobs := squeue():
             subprocess.run(["scancel", *jobs], env=env, capture_output=True)
-            deadline = time.monotonic() + 20
-            while squeue() and time.monotonic() < deadline:
-                time.sleep(0.3)
+            poll_until(lambda: not squeue(), 20, every=0.3)
         subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True)
         for p in daemons[::-1]:  # munged last: the Slurm daemons talk to it until they stop
             if p.args[0] == "munged":
@@ -176,9 +174,7 @@ def slurm(tmp_path):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        deadline = time.monotonic() + 10
-        while _processes_with(marker) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        poll_until(lambda: not _processes_with(marker), 10)
         leftover = _processes_with(marker)
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)
@@ -249,9 +245,14 @@ def test_readme_slurm_script_runs_on_a_real_slurm(slurm, tmp_path):
     )
     assert submitted.returncode == 0, f"sbatch: {submitted.stdout}{submitted.stderr}\n{logs()}"
     job_id = submitted.stdout.strip().split(";")[0]
-    while subprocess.run(["squeue", "-h", "-j", job_id], env=env, capture_output=True, text=True).stdout.strip():
-        assert time.monotonic() - started < 150, f"job {job_id} still running after 150 s"
-        time.sleep(0.3)
+    wait_for(
+        lambda: (
+            not subprocess.run(["squeue", "-h", "-j", job_id], env=env, capture_output=True, text=True).stdout.strip()
+        ),
+        150 - (time.monotonic() - started),
+        f"job {job_id} still running after 150 s",
+        every=0.3,
+    )
     took = time.monotonic() - started
     job = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True).stdout
     out = output.read_text() if output.exists() else ""
@@ -366,7 +367,7 @@ def test_broker_stops_cleanly_on_sigterm(tmp_path):
         str(allowed),
     )
     assert broker.stdout.readline().startswith("gossiprl broker on")
-    time.sleep(1)
+    time.sleep(1)  # serving: the SIGTERM must cut short the CLI's join(), which is the point
     broker.send_signal(signal.SIGTERM)
     out = broker.communicate(timeout=30)[0]
     assert broker.returncode == 128 + signal.SIGTERM, out  # stopped by a signal, as `run` and `agent` report it

@@ -52,7 +52,7 @@ def swarm():
             with GossipClient(f"tcp://127.0.0.1:{port}", rank, n=2) as client:
                 while not stop.is_set():
                     client.exchange({"x": np.full(1000, float(rank), np.float32)})
-                    time.sleep(0.02)
+                    time.sleep(0.02)  # a steady stream of rounds for the stats to count, not a busy loop
         except Exception as err:  # noqa: BLE001 (reported by the test)
             errors.append(err)
 
@@ -114,7 +114,7 @@ def test_stats_are_snapshotted_at_most_twice_a_second_however_often_asked(swarm)
     first = json.loads(get(f"http://{address}/stats")[2])
     again = json.loads(get(f"http://{address}/stats")[2])
     assert first == again and first["n"] == 2 and set(first["agents"]) == {"0", "1"}
-    time.sleep(0.6)
+    time.sleep(0.6)  # past MIN_SNAPSHOT_S: a snapshot that old must be renewed, which is the point
     assert json.loads(get(f"http://{address}/stats")[2])["uptime_s"] > first["uptime_s"]
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from experiments.layout import namespaces
 from gossiprl.bench import scale as bench_scale
+from helpers import wait_for
 
 PORT = 5555
 LINKS = {"a": ("10.231.1.1", "10.231.1.2"), "b": ("10.231.2.1", "10.231.2.2")}
@@ -105,10 +106,12 @@ def test_cartpole_swarm_across_three_hosts_survives_a_killed_agent(hosts, tmp_pa
     try:
         agents = {rank: agent(rank) for rank in range(3)}
         checkpoint = tmp_path / "run" / "agent-2" / "checkpoint.pt"
-        while not checkpoint.exists():
-            assert time.monotonic() - started < 120, "rank 2 never wrote a checkpoint"
-            assert all(p.poll() is None for p in agents.values()), "an agent exited early"
-            time.sleep(0.2)
+        wait_for(
+            checkpoint.exists,
+            120 - (time.monotonic() - started),
+            lambda: f"rank 2 wrote no checkpoint; exited: {[r for r, p in agents.items() if p.poll() is not None]}",
+            process=list(agents.values()),
+        )
         agents[2].send_signal(signal.SIGKILL)
         agents[2].wait()
         killed_at = time.monotonic()

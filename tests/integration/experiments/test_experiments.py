@@ -114,13 +114,20 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
         assert f"## {title}" in text
     assert "frames for each agent (a ring of 4 trains 4x as many in all)" in text
     assert re.search(
-        r"IQM of every agent's own last-100 score.*: 1 agent [\d.]+ \(1 seed\(s\), 1 agents; too few", text
+        r"IQM of every agent's own last-100 score at equal frames per agent.*: 1 agent [\d.]+ \(1 seed\(s\); too few",
+        text,
     )
-    assert re.search(r"ring of 4 vs 1 agent, the ring's total frames, at equal total frames: untestable", text)
-    assert re.search(r"P\(ring of 4 > 1 agent\) = [\d.]+ \(too few seeds for an interval\)", text)
+    assert re.search(
+        r"At equal total frames: ring of 4 [\d.]+ against 1 agent, the ring's total frames [\d.]+, too few", text
+    )
+    assert re.search(
+        r"P\(ring of 4 > 1 agent\): at equal frames per agent [\d.]+ \(no interval: fewer than 3 seeds", text
+    )
     assert "**Untrained policy** on CartPole-v1: " in text and "not measured on CartPole-v1" not in text
     assert "Missing cells" not in text  # --quick plans exactly the cells it ran
-    assert "untestable (one seed, no interval)" in text and "**agrees**" not in text
+    # one seed per arm decides no claim, and no seed count is written by hand
+    assert "**cannot decide** it: fewer than 3 seeds" in text and "This data **supports**" not in text
+    assert "(1 and 1 seeds)" in text and "with 3 seeds" not in text
 
 
 def test_study_help_runs_as_a_script():

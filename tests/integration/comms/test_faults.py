@@ -190,7 +190,12 @@ def test_training_goes_on_through_a_broker_restart_and_gossip_resumes():
     wait_for(lambda: all(results[r] for r in range(2)), 10, "the pair never gossiped", every=0.01)
     phase["name"] = "down"
     broker.close()
-    time.sleep(1.0)
+    wait_for(
+        lambda: all(any(name == "down" and s["gossip/failures"] for name, s in results[r]) for r in range(2)),
+        10,
+        "the agents never noticed the broker was gone",
+        every=0.01,
+    )
     phase["name"] = "restarted"
     broker = Broker(topo, bind=address).start()
     for t in threads:

@@ -115,3 +115,23 @@ def test_untrained_score_pools_every_episode_of_every_seed(tmp_path):
     score = untrained_score("CartPole-v1", path)
     assert score == {"mean": 17.5, "low": 10.0, "high": 25.0, "seeds": 2, "episodes": 2}
     assert untrained_score("MinAtar/SpaceInvaders-v1", path) is None
+
+
+def test_curve_band_is_each_points_own_interval_and_skips_points_a_run_never_reached():
+    # a curve of three points per (run, agent); one draw of whole runs serves every point, so each
+    # point's band is exactly iqm_interval of that point alone with the same seed and draws
+    rng = np.random.default_rng(3)
+    curves = rng.normal(5.0, 2.0, (5, 4, 3))
+    point, low, high = stats.iqm_curve_interval(curves, reps=3_000)
+    for k in range(3):
+        alone = stats.iqm_interval([curves[:, :, k]], reps=3_000)
+        assert (point[k], low[k], high[k]) == pytest.approx((alone.point, alone.low, alone.high), abs=1e-12)
+    # past the end of three of five runs only two reached the point: the IQM of theirs, no band
+    curves[2:, :, 2] = np.nan
+    point, low, high = stats.iqm_curve_interval(curves, reps=500)
+    assert point[2] == pytest.approx(stats.iqm(curves[:2, :, 2])) and np.isnan(low[2]) and np.isnan(high[2])
+    assert not np.isnan(low[:2]).any()
+    point, low, high = stats.iqm_curve_interval(curves[:2])  # two seeds in all: no band anywhere
+    assert point[0] == pytest.approx(stats.iqm(curves[:2, :, 0])) and np.isnan(low).all() and np.isnan(high).all()
+    with pytest.raises(ValueError, match="runs, members, points"):
+        stats.iqm_curve_interval(np.zeros((3, 4)))

@@ -1,10 +1,13 @@
-"""IMPALA's learner on fixed data, and the hand-off between its actor threads and the learner."""
+"""IMPALA's learner on fixed data, and the hand-off between its actors (threads or processes) and the learner."""
 
 import copy
 import math
+import os
+import signal
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +15,7 @@ from gossiprl.rl import a2c, impala
 from gossiprl.rl.actors import ActorFailed, ActorPool, Batch
 from gossiprl.rl.models import MLPActorCritic, flatten_parameters
 from gossiprl.rl.settings import A2CConfig, AgentConfig, ImpalaConfig
+from helpers import poll_until
 
 T, N, OBS, ACTIONS = 6, 5, 4, 3
 
@@ -110,8 +114,15 @@ def start(source):
     return model, flat, source.start(model, flat, torch.device("cpu"))
 
 
-def test_every_unroll_reaches_the_learner_once_in_order_into_its_own_columns():
-    source = pool()
+def tensor(array) -> torch.Tensor:
+    """A trajectory's array as a tensor: a thread's are tensors already, a process's numpy off the wire."""
+    return array if isinstance(array, torch.Tensor) else torch.from_numpy(np.array(array))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("placement", ["thread", "process"])
+def test_every_unroll_reaches_the_learner_once_in_order_into_its_own_columns(placement):
+    source = pool(actor_placement=placement)
     _, flat, batch = start(source)
     seen = {0: [], 1: []}
     try:
@@ -120,9 +131,9 @@ def test_every_unroll_reaches_the_learner_once_in_order_into_its_own_columns():
             for j, trajectory in enumerate(source.taken):
                 seen[trajectory.actor].append(trajectory.index)
                 columns = slice(2 * j, 2 * j + 2)
-                assert torch.equal(batch.obs[:, columns], trajectory.rollout.obs)
-                assert torch.equal(batch.actions[:, columns], trajectory.rollout.actions)
-                assert torch.equal(batch.behaviour_logits[:, columns], trajectory.logits)
+                assert torch.equal(batch.obs[:, columns], tensor(trajectory.arrays["obs"]))
+                assert torch.equal(batch.actions[:, columns], tensor(trajectory.arrays["actions"]))
+                assert torch.equal(batch.behaviour_logits[:, columns], tensor(trajectory.arrays["logits"]))
             flat.add_(0.01)  # a learner's update: the actors must act with the new parameters
     finally:
         source.close()
@@ -131,15 +142,14 @@ def test_every_unroll_reaches_the_learner_once_in_order_into_its_own_columns():
         assert indices == list(range(len(indices)))
 
 
-def test_a_full_queue_blocks_the_actors_and_one_actors_lag_stays_within_the_queue():
-    source = pool(actors_per_agent=1, batch_size=2, queue_size=4)
+def test_a_full_queue_blocks_the_actor_threads_and_one_actors_lag_stays_within_the_queue():
+    source = pool(actors_per_agent=1, batch_size=2, queue_size=4, actor_placement="thread")
     _, _, _ = start(source)
+    threads = source.actors
     try:
-        deadline = time.monotonic() + 10
-        while (source.trajectories.qsize() < 4 or source.actors[0].unrolls < 4) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poll_until(lambda: threads.depth() >= 4 and threads.actors[0].unrolls >= 4, 10, every=0.01)
         time.sleep(0.2)  # time to run past a queue that did not block it
-        assert source.trajectories.qsize() == 4 and source.actors[0].unrolls == 4
+        assert threads.depth() == 4 and threads.actors[0].unrolls == 4
         # the unrolls queued behind an older version: at most 1 + queue_size // batch_size updates late
         worst = max(source.next(version)["impala/policy_lag_max"] for version in range(10))
     finally:
@@ -147,17 +157,48 @@ def test_a_full_queue_blocks_the_actors_and_one_actors_lag_stays_within_the_queu
     assert 1 <= worst <= 1 + 4 // 2
 
 
-def test_an_actor_that_fails_ends_the_learner_with_its_error(monkeypatch):
-    source = pool()
+@pytest.mark.timeout(180)
+def test_a_full_queue_holds_an_actor_process_back_and_its_lag_stays_within_the_queue():
+    source = pool(actors_per_agent=1, batch_size=2, queue_size=4, actor_placement="process")
+    start(source)
+    try:
+        poll_until(lambda: source.actors.depth() >= 4, 120, every=0.05)  # a spawned process imports torch first
+        time.sleep(0.5)  # time to run past a queue that did not hold it back
+        assert source.actors.depth() == 4 and source.actors.end.take(0) is not None
+        assert source.actors.depth() == 3  # nothing past the credits came
+        worst = max(source.next(version)["impala/policy_lag_max"] for version in range(10))
+    finally:
+        source.close()
+    # the process waits for a credit before it fetches and acts, so it is never later than the threads
+    assert 1 <= worst <= 1 + 4 // 2
+
+
+def test_an_actor_thread_that_fails_ends_the_learner_with_its_error(monkeypatch):
+    source = pool(actor_placement="thread")
 
     def broken(actions):
         raise ValueError("env exploded")
 
-    monkeypatch.setattr(source.envs[1], "step", broken)
+    monkeypatch.setattr(source.actors.envs[1], "step", broken)
     start(source)
     try:
         with pytest.raises(ActorFailed, match="actor-1 failed: ValueError: env exploded"):
             for version in range(5):
+                source.next(version)
+    finally:
+        source.close()
+
+
+@pytest.mark.timeout(180)
+def test_an_actor_process_that_dies_ends_the_learner_with_one_line():
+    source = pool(actor_placement="process")
+    start(source)
+    try:
+        source.next(0)  # both started (or one did the work); now one is killed outright
+        victim = source.actors.processes[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        with pytest.raises(ActorFailed, match=rf"^actor-process-1 \(pid {victim.pid}\) exited with code -9$"):
+            for version in range(1, 200):
                 source.next(version)
     finally:
         source.close()

@@ -245,7 +245,7 @@ def test_a_wait_ends_when_the_awaited_peer_rings_and_at_its_deadline(segments):
         return None if flag.is_set() else peer
 
     def change():
-        time.sleep(0.05)
+        time.sleep(0.05)  # the change comes while the test sleeps in the futex, the wait being tested
         flag.set()  # the change first, then the doorbell, as every agent does
         own.ring()
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import topologies
+from gossiprl.comms import wire
 from gossiprl.comms.registry import Registry, describe, ranges
 from gossiprl.comms.turnlocks import TurnLocks
 from gossiprl.comms.wire import WireError
@@ -281,3 +282,23 @@ def test_once_the_schema_is_set_it_bounds_a_member_s_header_and_tensor_count():
         reg.check_tensor_count(4096)
     assert err.value.code == "schema-mismatch"
     reg.check_tensor_count(len(SCHEMA))
+
+
+def _publish(tensors: dict) -> wire.Message:
+    """A PUBLISH as the broker holds it before check_letter: header decoded, specs not yet parsed."""
+    schema, buffers = wire.pack_tensors(tensors)
+    frames = wire.encode(wire.PUBLISH, {"seq": 1, "round": 0, "tensors": schema}, buffers)
+    return wire.decode_header([bytes(memoryview(f)) for f in frames])
+
+
+def test_check_letter_pins_the_first_schema_and_refuses_another_count_or_shape():
+    reg = Registry(2, DIGEST, peer_timeout=10.0)
+    first = _publish({"w": np.zeros((2, 3), np.float32)})
+    reg.check_letter(first, wire.DEFAULT_MAX_PAYLOAD_BYTES)
+    assert reg.schema == (first.specs[0].schema_key,) and reg.letter_header == first.header_bytes
+    reg.check_letter(_publish({"w": np.ones((2, 3), np.float32)}), wire.DEFAULT_MAX_PAYLOAD_BYTES)
+    two = _publish({"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)})
+    assert refusal(reg.check_letter, two, wire.DEFAULT_MAX_PAYLOAD_BYTES) == "schema-mismatch"
+    assert two.specs == [], "a letter of another tensor count is refused before its specs are parsed"
+    other = _publish({"w": np.zeros((3, 2), np.float32)})
+    assert refusal(reg.check_letter, other, wire.DEFAULT_MAX_PAYLOAD_BYTES) == "schema-mismatch"

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 import topologies
+from gossiprl.comms import wire
 from gossiprl.comms.dataplane import BrokerPlane
 from gossiprl.comms.turnlocks import Letter, TurnLocks
 
@@ -14,8 +15,9 @@ REF = {"host": "h", "seq": 1}
 def test_only_edges_the_reader_reads_are_relayed_and_each_is_counted_once():
     plane = BrokerPlane("direct")
     reads = {1: True, 2: False}.get  # the reader reads rank 1, not rank 2
-    plane.unreachable(0, [1, 2, 0, 9], lambda j: bool(reads(j)))
-    plane.unreachable(0, [1], lambda j: bool(reads(j)))
+    locks = SimpleNamespace(reads_from=lambda i, j: i == 0 and bool(reads(j)))
+    assert plane.unreachable(0, [1, 2, 0, 9], locks) == 1
+    assert plane.unreachable(0, [1], locks) == 0
     assert plane.relay_edges == {(1, 0)}
     assert plane.events == {"data-plane-fallbacks": 1, "relay-requests-ignored": 3}
 
@@ -76,6 +78,32 @@ def test_a_session_is_granted_once_every_rank_published_and_ends_when_one_leaves
     assert plane.session == 0 and plane.events == {"sessions": 1, "sessions-ended": 1}, "rank 1 left the session"
     assert locks.ranks[0].last_letter is None, "a letter from before the session would reach a rewired reader"
     assert plane.grant(0, locks.topology) == {}
+
+
+def test_a_newly_relayed_edge_ends_the_session_and_a_known_one_does_not():
+    swarm = _swarm(topologies.make("ring", 3))
+    plane, locks = BrokerPlane("shm"), swarm.locks
+    reader = next(i for i in range(3) if locks.reads_from(i, 0))
+    plane.relay_edges.add((0, reader))
+    plane.session, plane.session_round = 7, 2
+    plane.unreachable(reader, [0], locks)
+    assert plane.session == 7, "an edge already relayed changes nothing"
+    writer = next(j for j in range(3) if j != reader and not locks.reads_from(reader, j))
+    plane.unreachable(reader, [writer], locks)
+    assert plane.session == 7, "a writer the reader does not read is not relayed"
+    plane.relay_edges.clear()
+    plane.unreachable(reader, [0], locks)
+    assert plane.session == 0 and plane.events["sessions-ended"] == 1
+
+
+def test_reply_fields_name_the_relay_readers_in_an_ack_and_the_session_in_every_reply():
+    locks = TurnLocks(topologies.make("full", 3))
+    plane = BrokerPlane("direct")
+    plane.relay_edges |= {(0, 1), (0, 2)}
+    locks.publish(0, 1, 0, {"ref": REF}, [], 0, now=0.0)
+    assert plane.reply_fields(0, wire.ACK, locks, lambda i: True) == {"relay": [1, 2]}
+    assert plane.reply_fields(0, wire.DELIVER, locks, lambda i: True) == {}
+    assert plane.reply_fields(1, wire.ACK, locks, lambda i: True) == {}, "rank 1 has no letter: nothing to relay"
 
 
 @pytest.mark.parametrize(

@@ -199,7 +199,7 @@ def test_broker_survives_garbage_while_agents_gossip():
                 sent[0] += 1
                 while s.poll(0):
                     s.recv_multipart()
-                time.sleep(0.0005)
+                time.sleep(0.0005)  # a vandal at a steady pace beside the agents, not a flood that starves them
             for s in socks:
                 s.close()
 

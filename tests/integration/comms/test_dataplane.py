@@ -23,7 +23,7 @@ from gossiprl import Broker, GossipClient, mix
 from gossiprl.comms import keys, wire
 from gossiprl.comms.dataplane import Segment, ShmReader
 from gossiprl.comms.wire import TensorSpec
-from helpers import invoke, start_endless_swarm, wait_until_training
+from helpers import invoke, poll_until, start_endless_swarm, wait_until_training
 
 PLANES = ["broker", "shm", "direct", "auto"]
 FAST = {"heartbeat": 0.1, "liveness": 10}
@@ -197,7 +197,7 @@ c = GossipClient(sys.argv[1], 0, heartbeat=0.1, liveness=10)
 x = np.full(1 << 18, 3.0, np.float32)
 c.publish({"x": x})
 print("published", flush=True)
-time.sleep(600)
+time.sleep(600)  # alive, its letter published, until the test kills it
 """
 
 
@@ -260,9 +260,7 @@ def _held_on_entering(clients):
     def held(session, *args, **kwargs):
         enter(session, *args, **kwargs)
         mine.ring()
-        until = time.monotonic() + 5
-        while time.monotonic() < until and not (writer.session() == session and (writer.sent(1) or writer.left())):
-            time.sleep(0.001)
+        poll_until(lambda: writer.session() == session and (writer.sent(1) or writer.left()), 5, every=0.001)
 
     mine.enter = held
 
@@ -448,7 +446,7 @@ def test_bench_scale_names_a_crashed_agent_at_once_instead_of_waiting_on_its_nei
     def python(code):
         return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    broker = python("import time; time.sleep(60)")
+    broker = python("import time; time.sleep(60)")  # stand-ins that never finish on their own, as below
     parked = python("import time; time.sleep(60)")  # waits on its crashed neighbour's letter
     crashed = python("import sys; sys.exit('boom: no route to the broker')")
     started = time.monotonic()
@@ -569,9 +567,7 @@ def test_kill_9_of_the_launcher_and_its_agents_leaves_no_segment(tmp_path):
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait(10)
-    deadline = time.monotonic() + 10
-    while _segments_left() and time.monotonic() < deadline:  # the agents die a moment after the launcher
-        time.sleep(0.2)
+    poll_until(lambda: not _segments_left(), 10)  # the agents die a moment after the launcher
     assert _segments_left() == []
 
 

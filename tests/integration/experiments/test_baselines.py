@@ -96,10 +96,10 @@ def test_without_out_a_quick_run_writes_a_fresh_temporary_dir():
     assert result.exit_code == 0, result.output
     out = Path(result.output.split(" -> ")[1].splitlines()[0])
     try:
-        assert out.parent == Path(tempfile.gettempdir()) and out.name.startswith("baselines-quick-")
+        assert out.parent.parent == Path(tempfile.gettempdir()) and out.parent.name.startswith("baselines-quick-")
         assert (out / "results.csv").exists()
     finally:
-        shutil.rmtree(out)
+        shutil.rmtree(out.parent)
 
 
 def test_bad_algos_and_atari_say_what_is_valid():

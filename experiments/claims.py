@@ -1,0 +1,301 @@
+"""The papers' claims each study tests, and how its cells judge them: by interval estimates of
+experiments/stats.py on the axis the claim is about, never by whether two t-intervals overlap.
+
+A claim says one arm X scores at least as well as another arm Y. Its verdict comes from the
+probability of improvement P(X > Y) (an agent of X, drawn at random, ends above one of Y) and its
+95 % stratified-bootstrap interval: the data *supports* the claim where the interval lies above
+0.5, *contradicts* it where it lies below, and *cannot decide* where it holds 0.5. "At least as
+well" is never shown by an interval that holds 0.5: that is the data failing to tell the arms
+apart. The IQMs of the two arms, with their intervals, are stated beside it.
+
+The axes: ``frames``, each agent's own last-100 score at the end of its budget (equal frames per
+agent where the study gives each agent the same frames, else equal frames for the whole swarm);
+``wall_s``, each agent's last-100 score after T seconds of training (T from
+``study.add_equal_wall_score``); ``consensus``, the averaged policy's evaluation, one per seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from experiments import stats, swarm_learning, swarm_vs_one
+from experiments.common import agent_curves, cell_key, read_curves
+
+
+@dataclass(frozen=True)
+class Claim:
+    source: str
+    """Who claims it, and where: 'PALA Fig. 6, Table 1'."""
+    text: str
+    better: str
+    """The arm the claim says scores at least as well as each of ``than``."""
+    than: tuple[str, ...]
+    axis: str
+    """'frames' or 'wall_s': the axis the claim is about, the only one its verdict is read on."""
+    why_axis: str
+    void: str | None = None
+    """Why this study's data cannot test the claim on its axis (None: it can)."""
+
+
+CLAIMS = {
+    "swarm_learning": Claim(
+        "GALA and PALA (PALA Fig. 6, Table 1)",
+        "gossiping A2C agents learn at least as much per agent step as one A2C agent",
+        "ring of 4, entropy 0.01, shared init, blocking",
+        ("1 agent, entropy 0.01",),
+        "frames",
+        "per agent step is equal frames per agent; the ring is `gossiprl run`'s defaults, the agent its control",
+    ),
+    "swarm_vs_one": Claim(
+        "GALA and PALA (PALA Fig. 6, Table 1)",
+        "gossiping A2C agents learn at least as much per agent step as one A2C agent",
+        "ring of 4",
+        ("1 agent",),
+        "frames",
+        "per agent step is equal frames per agent",
+    ),
+    "learners": Claim(
+        "PALA Table 1 (PALA-A2C against A2C); for PPO and IMPALA this project's own question",
+        "a ring of 4 learns at least as much per agent step as one agent of the same learner",
+        "A2C, ring of 4",
+        ("A2C, 1 agent",),
+        "frames",
+        "per agent step is equal frames per agent; each learner runs its papers' defaults in both arms",
+    ),
+    "ordering_ablation": Claim(
+        "PALA (its implicit synchronisation, the turn locks)",
+        "ordered (sync) gossip learns more per agent step than unordered async gossip and than independent agents",
+        "sync (turn locks)",
+        ("async, max-staleness 1", "async, max-staleness 4", "async, unbounded", "none (independent)"),
+        "frames",
+        "a gain from agents is a gain per agent step, and every arm has 4 agents and the same frames; the "
+        "cells' wall-clock is confounded by the load of the window each ran in (issue 21)",
+    ),
+    "topology_ablation": Claim(
+        "GALA and PALA",
+        "gossiping agents learn more per agent step than independent ones",
+        "ring, 4 agents",
+        ("none (independent), 4 agents",),
+        "frames",
+        "both arms have 4 agents and the same frames, and their wall-clock ran in other windows of load (Note)",
+    ),
+    "scaling": Claim(
+        "PALA Figs. 6-8",
+        "more agents reach a score sooner in wall-clock time, each agent on its own cores and GPU "
+        "(Fig. 7: the time efficiency decays past 16-24 agents)",
+        "4 agents, ring",
+        ("1 agent (plain A2C)",),
+        "wall_s",
+        "the claim is about time",
+        void="the per-second figures of these cells are void (Note), and on 2 shared cores more agents do "
+        "not bring more cores, which is the claim's premise",
+    ),
+    "batch_period": Claim(
+        "this project's own question, not a paper's claim (PALA Fig. 12 varies the batch size, not the gossip period)",
+        "gossiping every 16 updates learns as much per frame as gossiping every update",
+        "5 steps x 16 envs, gossip every 16",
+        ("5 steps x 16 envs, gossip every update",),
+        "frames",
+        "what gossiping less often may cost is learning per frame; the time it saves is in the table",
+    ),
+    "layout": Claim(
+        "PALA Fig. 5(b)",
+        "spreading the agents over hosts costs little time, because parameter transfer is a small share of an "
+        "iteration",
+        "2 netns hosts, 1 Gbit/s links (tcp + CURVE)",
+        ("one host (tcp loopback)",),
+        "wall_s",
+        "the claim is about time, and per frame the two are the same runs (sync gossip is deterministic)",
+    ),
+}
+"""Each study's claim, keyed by the study's module name."""
+
+EXTRA = {
+    "swarm_learning": [
+        ("ring of 4, entropy 0.01, shared init, blocking", "ring of 4, old defaults (entropy 0, own inits, blocking)"),
+        ("ring of 4, entropy 0.01, shared init, blocking", "ring of 4, entropy 0.01, shared init, overlapped"),
+        *swarm_learning.CONTROL.items(),
+    ],
+    "learners": [("PPO, ring of 4", "PPO, 1 agent"), ("IMPALA, ring of 4", "IMPALA, 1 agent")],
+}
+"""Comparisons a study reports beside its claim's: swarm_learning's every ring against its control,
+and the learners study's ring of each learner against its one agent."""
+
+EQUAL_TOTAL = {"swarm_vs_one": swarm_vs_one.EQUAL_TOTAL}
+"""A study's arm trained as many frames as the whole swarm: compared with the swarm at equal total
+frames, and explained there, never counted among the equal-frames-per-agent settings."""
+
+
+class Arms:
+    """A study's settings' scores as experiments.stats tasks, (seeds, members) arrays, on each axis."""
+
+    def __init__(self, out: Path, rows: list[dict]):
+        self.out, self.rows = out, rows
+        self.t_equal = rows[0]["equal_wall_s"] if rows else 0.0
+
+    def seeds(self, setting: str) -> int:
+        return sum(r["setting"] == setting for r in self.rows)
+
+    def scores(self, setting: str, axis: str) -> np.ndarray:
+        """Rows: seeds; columns: agents ('consensus': one per seed). A seed none of whose agents had
+        logged a score by T is left out of the 'wall_s' axis."""
+        mine = [r for r in self.rows if r["setting"] == setting]
+        if axis == "frames":
+            values = [r["per_agent_last100"] for r in mine]
+        elif axis == "consensus":
+            values = [[r["consensus_eval"]] for r in mine]
+        else:
+            values = [self._at_equal_wall(r) for r in mine]
+            values = [v for v in values if not np.isnan(v).any()]
+        return np.array(values, dtype=float).reshape(len(values), -1) if values else np.empty((0, 0))
+
+    def _at_equal_wall(self, row: dict) -> np.ndarray:
+        curves = read_curves(self.out, cell_key(row["setting"], row["seed"]))
+        return agent_curves(curves, "wall_s", np.array([self.t_equal]), row["agents"], hold_last=True)[:, 0]
+
+    def iqm(self, setting: str, axis: str, bounds: tuple[float, float]) -> stats.Estimate | None:
+        scores = self.scores(setting, axis)
+        return stats.iqm_interval([scores]).clipped(bounds) if scores.size else None
+
+    def improvement(self, x: str, y: str, axis: str) -> stats.Estimate | None:
+        xs, ys = self.scores(x, axis), self.scores(y, axis)
+        return stats.improvement_interval([xs], [ys]) if xs.size and ys.size else None
+
+
+def interval_text(estimate: stats.Estimate) -> str:
+    return f"{estimate.point:.2f}" + ("" if estimate.low is None else f" [{estimate.low:.2f}, {estimate.high:.2f}]")
+
+
+def judge(estimate: stats.Estimate) -> str:
+    """What P(X > Y)'s interval says of X against Y: 'higher', 'lower', 'cannot tell apart' or why not."""
+    if estimate.low is None:
+        return f"no interval: fewer than {stats.MIN_RUNS} seeds in an arm"
+    if estimate.low > 0.5:
+        return "higher"
+    if estimate.high < 0.5:
+        return "lower"
+    return "cannot tell apart"
+
+
+VERDICT = {"higher": "**supports** it", "lower": "**contradicts** it", "cannot tell apart": "**cannot decide** it"}
+
+
+def axis_text(axis: str, arms: Arms, frames_per_agent: bool) -> str:
+    if axis == "frames":
+        return "at equal frames per agent" if frames_per_agent else "at equal frames for the whole swarm"
+    if axis == "wall_s":
+        return f"at equal wall-clock ({arms.t_equal:.0f} s of training)"
+    return "consensus policy (eval)"
+
+
+def comparison_lines(name: str, arms: Arms, settings: list[str], frames_per_agent: bool) -> list[str]:
+    """P(X > Y) with its interval and what it says, on every axis, for the claim's pairs and the
+    study's extra ones (none for a study with no claim here)."""
+    claim = CLAIMS.get(name)
+    if claim is None:
+        return []
+    pairs = [(claim.better, other) for other in claim.than] + EXTRA.get(name, [])
+    lines = []
+    for x, y in dict.fromkeys(pairs):
+        if x not in settings or y not in settings or not (arms.seeds(x) and arms.seeds(y)):
+            continue
+        parts = []
+        for axis in ("frames", "wall_s", "consensus"):
+            estimate = arms.improvement(x, y, axis)
+            if estimate is not None:
+                parts.append(f"{axis_text(axis, arms, frames_per_agent)} {interval_text(estimate)} ({judge(estimate)})")
+        lines.append(f"- P({x} > {y}): {'; '.join(parts)}.")
+    return lines
+
+
+def claim_lines(name: str, arms: Arms, bounds: tuple[float, float], frames_per_agent: bool) -> list[str]:
+    """The claim, the axis it is judged on and why, each comparison there, and the verdict."""
+    claim = CLAIMS.get(name)
+    if claim is None:
+        return ["- No paper claim is recorded for this study in experiments/claims.py: no verdict."]
+    axis = axis_text(claim.axis, arms, frames_per_agent)
+    head = f"- **Claim**, {claim.source}: {claim.text}. Judged {axis}: {claim.why_axis}."
+    if claim.void:
+        return [f"{head} This data **cannot decide** it: {claim.void}."]
+    seeds = {s: len(arms.scores(s, claim.axis)) for s in (claim.better, *claim.than)}
+    missing = [s for s, n in seeds.items() if not n]
+    if missing:
+        return [f"{head} Not tested here: no finished cell of {', '.join(missing)} has a score there."]
+    parts, words = [], []
+    better = arms.iqm(claim.better, claim.axis, bounds)
+    for other in claim.than:
+        estimate = arms.improvement(claim.better, other, claim.axis)
+        words.append(judge(estimate))
+        parts.append(
+            f"P({claim.better} > {other}) = {interval_text(estimate)}, IQM {interval_text(better)} against "
+            f"{interval_text(arms.iqm(other, claim.axis, bounds))} ({seeds[claim.better]} and {seeds[other]} seeds)"
+        )
+    if any(w.startswith("no interval") for w in words):
+        verdict = f"**cannot decide** it: fewer than {stats.MIN_RUNS} seeds in an arm give no interval"
+    elif "lower" in words:
+        verdict = VERDICT["lower"]
+    elif all(w == "higher" for w in words):
+        verdict = VERDICT["higher"]
+    else:
+        verdict = VERDICT["cannot tell apart"] + ": an interval of P holds 0.5"
+    return [f"{head} {'; '.join(parts)}. This data {verdict}."]
+
+
+def updates(row: dict) -> int:
+    """Optimizer steps each agent of a cell took."""
+    return round(row["frames"] / row["agents"] / (row["n_steps"] * row["num_envs"]))
+
+
+BATCH_GAIN = {
+    "higher": "a gain this data shows",
+    "lower": "a loss this data shows",
+    "cannot tell apart": "this data cannot tell it from none",
+}
+
+
+def equal_total_lines(name: str, arms: Arms, bounds: tuple[float, float]) -> list[str]:
+    """The swarm against one agent given the whole swarm's frames, and why it falls where it does:
+    the swarm's mean moves like one learner with an n-fold batch, not like n learners' steps."""
+    total = EQUAL_TOTAL.get(name)
+    if total is None:
+        return []
+    swarm, one = CLAIMS[name].better, CLAIMS[name].than[0]
+    missing = [s for s in (swarm, one, total) if not arms.seeds(s)]
+    if missing:
+        return [f"- At equal total frames: not measured here (no finished cell of {', '.join(missing)})."]
+    row = {s: next(r for r in arms.rows if r["setting"] == s) for s in (swarm, one, total)}
+    n, batch = row[swarm]["agents"], row[swarm]["n_steps"] * row[swarm]["num_envs"]
+    against_total = arms.improvement(swarm, total, "frames")
+    total_iqm, one_iqm, swarm_iqm = (arms.iqm(s, "frames", bounds) for s in (total, one, swarm))
+    at_equal_steps = arms.improvement(swarm, one, "frames")
+    gain = BATCH_GAIN.get(judge(at_equal_steps), judge(at_equal_steps))
+    if total_iqm.low is None:
+        return [
+            f"- At equal total frames: {swarm} {interval_text(swarm_iqm)} against {total} "
+            f"{interval_text(total_iqm)}, too few seeds for an interval."
+        ]
+    inside = total_iqm.low <= swarm_iqm.point <= total_iqm.high
+    lines = [
+        f"- At equal total frames ({row[total]['frames'] / 1e6:g}M): {swarm} {interval_text(swarm_iqm)} against "
+        f"{total} {interval_text(total_iqm)}; P({swarm} > {total}) = {interval_text(against_total)} "
+        f"({judge(against_total)}). The {swarm}'s IQM is {'inside' if inside else 'outside'} that arm's interval."
+    ]
+    if not inside:
+        lines.append(
+            f"- Why, by the project's derivation (docs/algorithm.md, docs/swarm-learning.md): with blocking gossip "
+            f"and the ring's doubly stochastic mixing, each round moves the swarm's mean by the mean of its "
+            f"{n} agents' updates, about one RMSProp step at the single agent's learning rate on a gradient "
+            f"averaged over {n} batches of {batch} transitions (about: each agent's RMSProp scales its own "
+            f"step). The swarm's mean is one learner with a {n}x batch, not {n} learners' worth of steps: it took "
+            f"{updates(row[swarm]):,} steps of {n * batch} transitions, as many as {one} "
+            f"({updates(row[one]):,} steps of {batch}, IQM {interval_text(one_iqm)}), where {total} took "
+            f"{updates(row[total]):,} steps of {batch}. At equal steps, P({swarm} > {one}) = "
+            f"{interval_text(at_equal_steps)}: what the larger batch buys per step ({gain}). "
+            "Equal total frames is not the papers' axis: their claim is per agent step, and per wall-clock with "
+            f"each agent on its own hardware, where the swarm's {n}x frames take one agent's time plus the "
+            "gossip's (not measurable on these 2 shared cores)."
+        )
+    return lines

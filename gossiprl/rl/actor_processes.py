@@ -1,0 +1,227 @@
+"""``--actor-placement process``: IMPALA's actors as processes of their own, on this host or others.
+
+Each actor is one process that joins its learner over ZeroMQ (``gossiprl.comms.trajectories``):
+it asks for a credit, fetches the newest parameters, acts one unroll with them and sends it, and
+repeats until the learner says stop. ``run_actor`` is that loop, whoever started the process: the
+learner itself (``ActorProcesses`` spawns ``actors_per_agent`` of them beside it, over a private
+ipc:// socket) or a person on another host (`gossiprl actor --connect`, to a learner started with
+``--actors-bind``). An actor knows only its env; the learner tells it the rest when it joins (its
+envs' seed, the unroll's shape, gamma, the parameter count), so a remote actor cannot train with
+settings its learner does not expect.
+
+A process costs a torch import and a network of its own, and its unrolls are copied through a
+socket, where a thread hands over a reference; in exchange the actors run beside the learner
+instead of taking turns with it for one interpreter, and can run on other hosts.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from gossiprl.comms import keys
+from gossiprl.comms.trajectories import ActorEnd, ActorFailed, LearnerEnd, LearnerGone, Trajectory, unroll_specs
+from gossiprl.rl.actors import unroll_arrays
+from gossiprl.rl.envs import make_env
+from gossiprl.rl.models import flatten_parameters, make_model
+from gossiprl.rl.rollouts import Rollout, act
+
+JOIN_S = 5.0
+"""How long the learner waits for its actor processes to leave once told to stop, before it
+terminates them."""
+START_S = 600.0
+"""How long the learner waits for its actor processes to start and join."""
+LAST_WORD_S = 1.0
+"""How long the learner waits, once an actor process has exited, for the FAILED it may have sent."""
+
+
+def run_actor(
+    endpoint: str,
+    env_id: str,
+    sticky_actions: float = 0.0,
+    env_threads: int = 1,
+    stop=None,
+    curve: tuple | None = None,
+    torch_threads: int = 1,
+) -> int:
+    """Act for the learner at ``endpoint`` until it says stop (or ``stop`` is set); return the
+    unrolls sent. An error ends the actor, and is first sent to the learner in one line."""
+    torch.set_num_threads(torch_threads)
+    link = ActorEnd(endpoint, curve)
+    try:
+        welcome = link.join(env_id, stop)
+        envs = None
+        try:
+            envs = make_env(
+                env_id, welcome["num_envs"], welcome["seed"], sticky_actions=sticky_actions, num_threads=env_threads
+            )
+            return _act(link, envs, welcome, stop)
+        except Exception as err:
+            link.fail(f"{type(err).__name__}: {err}")
+            raise
+        finally:
+            if envs is not None:
+                envs.close()
+    finally:
+        link.close()
+
+
+def _act(link: ActorEnd, envs, welcome: dict, stop) -> int:
+    n_steps, num_envs = welcome["n_steps"], welcome["num_envs"]
+    model = make_model(envs.observation_space, envs.action_space)
+    flat = flatten_parameters(model)
+    if flat.numel() != welcome["params"]:
+        raise ValueError(f"this actor's network has {flat.numel()} parameters, its learner's {welcome['params']}")
+    link.expect_params(flat.numel())
+    own = flat.detach().numpy()  # the network's own memory: fetched parameters land in it
+    gamma = SimpleNamespace(gamma=welcome["gamma"])  # what ``act`` needs to bootstrap a time limit's cut
+    obs = torch.from_numpy(envs.reset())
+    num_actions = int(envs.action_space.n)
+    version, unrolls = -1, 0
+    while link.wait_for_credit(stop):
+        version = link.fetch(own, version, stop)
+        if link.stopped is not None:
+            break
+        rollout = Rollout(n_steps, num_envs, obs.shape[1:], obs.dtype, torch.device("cpu"))
+        rollout.obs[0].copy_(obs)
+        logits = torch.empty((n_steps, num_envs, num_actions))
+        act(model, envs, rollout, gamma, logits)
+        obs = rollout.obs[-1]
+        arrays = {name: tensor.numpy() for name, tensor in unroll_arrays(rollout, logits).items()}
+        link.send_unroll(unrolls, version, arrays, envs.pop_episodes())
+        unrolls += 1
+    return unrolls
+
+
+def actor_process(endpoint: str, env_id: str, sticky_actions: float, env_threads: int) -> None:
+    """Body of an actor process its learner spawned: ``run_actor`` until the learner says stop or
+    is gone. An error was sent to the learner already, which reports it: exit 1 without a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops the learner, which stops us
+    stop = threading.Event()
+    threading.Thread(target=_watch_parent, args=(stop,), name="learner-watch", daemon=True).start()
+    try:
+        run_actor(endpoint, env_id, sticky_actions, env_threads, stop=stop)
+    except LearnerGone:
+        if not stop.is_set():
+            raise
+    except Exception:
+        raise SystemExit(1) from None
+
+
+def _watch_parent(stop: threading.Event) -> None:
+    mp.connection.wait([mp.parent_process().sentinel])
+    stop.set()
+
+
+class ActorProcesses:
+    """``--actor-placement process``: the learner's end of the channel and the ``actors_per_agent``
+    actor processes it spawns; with ``--actors-bind``, actors from other hosts may join as well."""
+
+    def __init__(self, cfg, hp, seed: int, env_threads: int):
+        self.cfg, self.hp, self.seed = cfg, hp, seed
+        probe = make_env(cfg.env_id, 1, seed, sticky_actions=cfg.sticky_actions, num_threads=1)
+        self.observation_space, self.action_space = probe.observation_space, probe.action_space
+        self.frames_per_step = probe.frames_per_step
+        probe.close()
+        self.env_threads = max(1, env_threads // hp.actors_per_agent)
+        if (hp.actors_curve_secret is None) != (hp.actors_curve_allow is None):
+            raise ValueError(
+                "--actors-curve-secret and --actors-curve-allow go together (the learner's key, its actors' keys)"
+            )
+        self.curve = (hp.actors_curve_secret, hp.actors_curve_allow) if hp.actors_curve_secret else None
+        if hp.actors_bind is not None and not keys.is_loopback(keys.check_endpoint(hp.actors_bind)) and not self.curve:
+            raise ValueError(
+                f"--actors-bind {hp.actors_bind} is reachable from other hosts, whose actors could then feed this "
+                "learner: give it --actors-curve-secret and --actors-curve-allow (made by `gossiprl keys generate`)"
+            )
+        self.processes: list[mp.Process] = []
+        self.private_dir: str | None = None
+        self.end: LearnerEnd | None = None
+
+    def start(self, flat_params: torch.Tensor) -> None:
+        bind = self.hp.actors_bind
+        if bind is None:  # only this learner's own processes: a socket in a 0700 directory
+            self.private_dir = tempfile.mkdtemp(prefix="gossiprl-actors-")
+            bind = f"ipc://{self.private_dir}/trajectories"
+        hp, obs_space = self.hp, self.observation_space
+        self.end = LearnerEnd(
+            bind,
+            self.cfg.env_id,
+            unroll_specs(
+                hp.n_steps, hp.num_envs, obs_space.shape, np.dtype(obs_space.dtype).name, int(self.action_space.n)
+            ),
+            {"params": flat_params.numel(), "n_steps": hp.n_steps, "num_envs": hp.num_envs, "gamma": float(hp.gamma)},
+            capacity=hp.queue_size,
+            seed_of=lambda actor: self.seed + actor * hp.num_envs,  # no two actors play the same episodes
+            curve=self.curve,
+        )
+        if self.hp.actors_bind is not None:
+            print(
+                f"actors join this learner with: gossiprl actor --connect {self.end.endpoint} --env {self.cfg.env_id}",
+                flush=True,
+            )
+        self.publish(flat_params, 0)
+        spawn = mp.get_context("spawn")
+        for a in range(hp.actors_per_agent):
+            process = spawn.Process(
+                target=actor_process,
+                args=(self.end.endpoint, self.cfg.env_id, self.cfg.sticky_actions, self.env_threads),
+                name=f"actor-process-{a}",
+                daemon=True,
+            )
+            process.start()
+            self.processes.append(process)
+        self.wait_for_joins()
+
+    def wait_for_joins(self) -> None:
+        """Return once every actor process has joined: each imports torch and builds its envs first,
+        which on a loaded host takes many seconds, and the learner's clock (its frames/s, its first
+        updates) should not count that."""
+        deadline = time.monotonic() + START_S
+        while self.end.joined < len(self.processes):
+            self.check_processes()
+            if time.monotonic() > deadline:
+                raise ActorFailed(
+                    f"only {self.end.joined} of {len(self.processes)} actor processes joined within {START_S:g} s"
+                )
+            time.sleep(0.1)
+
+    def publish(self, flat_params: torch.Tensor, version: int) -> None:
+        self.check_processes()  # once per update: the others' unrolls must not hide a dead actor
+        self.end.publish(flat_params.detach().cpu().numpy(), version)
+
+    def depth(self) -> int:
+        return self.end.depth()
+
+    def take(self, timeout: float) -> Trajectory | None:
+        trajectory = self.end.take(timeout)
+        if trajectory is None:
+            self.check_processes()
+        return trajectory
+
+    def check_processes(self) -> None:
+        """An actor process leaves only when told to: one that exited failed, in its own words if it sent them."""
+        for process in self.processes:
+            if process.exitcode is not None:
+                said = self.end.failure(LAST_WORD_S)
+                raise ActorFailed(said or f"{process.name} (pid {process.pid}) exited with code {process.exitcode}")
+
+    def close(self) -> None:
+        if self.end is not None:
+            self.end.close()  # tells every actor to stop
+        for process in self.processes:
+            process.join(JOIN_S)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+        if self.private_dir is not None:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
