@@ -164,6 +164,12 @@ def decode(frames: Sequence, expected: Mapping[str, Mapping[str, tuple]]) -> tup
     return cmd, header, arrays
 
 
+def one_line(text: str) -> str:
+    """``text`` as one line of printable characters: runs of whitespace and control characters
+    (newlines, terminal escapes) become one space."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
 def _check_field(cmd: str, key: str, value: Any, kind: type) -> None:
     if kind is int:
         if type(value) is not int or not LOWEST.get(key, 0) <= value <= MAX_UINT:
@@ -356,8 +362,8 @@ class LearnerEnd:
         self._heard[identity] = time.monotonic()
         if cmd == FETCH:
             self._answer_fetch(identity, header["have"])
-        elif cmd == FAILED:
-            self._fail(f"actor-{actor} failed: {header['reason']}")
+        elif cmd == FAILED:  # one line whatever the actor sent: a newline or escape could forge log lines
+            self._fail(f"actor-{actor} failed: {one_line(header['reason'])}")
         elif self._credits[identity] < 1:
             self._refuse(identity, WireError(f"actor-{actor} sent an UNROLL without a credit"))
         else:
@@ -511,7 +517,7 @@ class ActorEnd:
     def fail(self, reason: str) -> None:
         """Tell the learner why this actor ends (one line, cut to fit); it still leaves if the actor closes at once."""
         self._sock.setsockopt(zmq.LINGER, 1000)
-        self._send(FAILED, {"reason": " ".join(reason.split())[:MAX_REASON_CHARS]})
+        self._send(FAILED, {"reason": one_line(reason)[:MAX_REASON_CHARS]})
 
     def close(self) -> None:
         self._sock.close()
@@ -555,4 +561,4 @@ class ActorEnd:
             if cmd == PARAMS and (self._params is None or header["version"] > self._params[0]):
                 self._params = (header["version"], arrays["params"])
         elif cmd == STOP:
-            self.stopped = header["reason"]
+            self.stopped = one_line(header["reason"])

@@ -230,6 +230,21 @@ def test_an_actor_that_fails_stops_the_learner_with_its_reason(learner, actor_of
         take_all(end, 1)
 
 
+def test_a_reason_off_the_wire_is_made_one_line_by_its_receiver(learner, actor_of):
+    """The sender's word that its reason is one line is not taken: a peer that sends newlines or a
+    terminal escape would otherwise write lines of its own into the other end's error and log."""
+    end = learner()
+    actor = actor_of(end)
+    actor._send(tj.FAILED, {"reason": "boom\nINFO forged line\x1b[2K\r\tend"})
+    with pytest.raises(tj.ActorFailed) as failed:
+        take_all(end, 1)
+    assert str(failed.value) == "actor-0 failed: boom INFO forged line [2K end"
+    stranger = actor_of(end, join=False)
+    with pytest.raises(tj.LearnerGone) as refused:
+        stranger.join("Pong\nERROR forged")
+    assert str(refused.value).endswith("this learner trains on CartPole-v1, not Pong ERROR forged")
+
+
 def test_an_actor_that_falls_silent_stops_the_learner(learner, actor_of):
     end = learner(silence_s=0.3)
     actor_of(end)  # joins, then says nothing
