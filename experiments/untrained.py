@@ -7,9 +7,10 @@ The policy is the network a swarm of seed s starts from (``torch.manual_seed(s)`
 studies play final policies (``gossiprl.rl.evaluate``: sampled actions, a fixed quota of episodes
 per env slot), but each seed on its own episodes: the policy head starts near uniform, so every
 seed's network would otherwise play the same episodes with the same actions. One row per (env, seed) goes to
-``experiments/results/untrained/untrained.csv``; it takes a minute, so it is committed.
+the CSV ``--out`` names (``experiments/results/untrained/untrained.csv`` is the committed one, which the
+studies' figures read; it takes a minute), or to a fresh runs/ directory.
 
-    python -m experiments.untrained [--env ID ...] [--seeds 1,2,3,4,5] [--episodes 10]
+    python -m experiments.untrained --out experiments/results/untrained/untrained.csv [--seeds 1,2,3,4,5]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import click
 import numpy as np
 import torch
 
-from experiments.common import QUICK_ENV, REAL_ENV
+from experiments.common import QUICK_ENV, REAL_ENV, fresh_out
 from gossiprl.rl.envs import make_env
 from gossiprl.rl.evaluate import _play, _step_cap
 from gossiprl.rl.models import make_model
@@ -82,13 +83,20 @@ def untrained_text(env_id: str) -> str:
     )
 
 
-@click.command(help="Score the untrained initial network on each env, into the committed CSV.")
+@click.command(help="Score the untrained initial network on each env, into a CSV.")
 @click.option("--env", "envs", multiple=True, default=ENVS, show_default=True)
 @click.option("--seeds", default="1,2,3,4,5", show_default=True, help="Comma-separated swarm seeds.")
 @click.option("--episodes", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=PATH, show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"The CSV to write; {PATH.relative_to(PATH.parents[3])} to update the committed one "
+    "[default: untrained.csv in a fresh runs/untrained-<time>/].",
+)
 def main(envs, seeds, episodes, out):
     seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    out = out or fresh_out("untrained", quick=False) / "untrained.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         writer = csv.DictWriter(f, ["env", "seed", "episodes", "mean", "std", "returns"])
