@@ -16,6 +16,7 @@ import json
 import math
 import multiprocessing as mp
 import multiprocessing.connection
+import multiprocessing.reduction
 import os
 import queue
 import shutil
@@ -192,14 +193,41 @@ def agent_context():
     return ctx
 
 
+class LauncherStreams:
+    """The launcher's stdout and stderr as they are when an agent starts, passed to the agent
+    (multiprocessing sends the descriptors along) and made its own as it unpickles its arguments:
+    a forkserver's children would otherwise write where the launcher's streams pointed when the
+    server started (an earlier test's captured output, a redirect since undone)."""
+
+    def __reduce__(self):
+        return _adopt_streams, tuple(mp.reduction.DupFd(fd) if _is_open(fd) else None for fd in (1, 2))
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _adopt_streams(*passed) -> None:
+    for target, fd in zip((1, 2), passed):
+        if fd is not None:
+            got = fd.detach()
+            os.dup2(got, target)
+            os.close(got)
+
+
 def _agent_process(
-    rank, address, swarm, agent_cfg, run_dir, resume, load, curve, stop_pipe, report_pipe, private_dir, environ
+    rank, address, swarm, agent_cfg, run_dir, resume, load, curve, stop_pipe, report_pipe, private_dir, environ, _std
 ):
     """Body of the process ``agent-<rank>``: ``run_agent``, gossiping through the broker at ``address``.
 
     ``environ`` is the launcher's environment when it started this agent: a forkserver's children
     inherit the server's, which is the launcher's when the server started (multiprocessing already
-    carries over sys.path and the working directory, as spawn does).
+    carries over sys.path and the working directory, as spawn does; ``LauncherStreams`` the
+    launcher's stdout and stderr, as it unpickles).
 
     The launcher talks to it over two plain pipes rather than a multiprocessing Event and Queue:
     those are named POSIX semaphores, which a launcher killed with -9 can never unlink (the
@@ -381,7 +409,7 @@ class Swarm:
             target=_agent_process,
             name=f"agent-{rank}",
             args=(rank, address, self.cfg, self.agent_cfg, str(self.run_dir), self.resume, self.load, curve)
-            + (self.stop.reader, writer, private_dir, dict(os.environ)),
+            + (self.stop.reader, writer, private_dir, dict(os.environ), LauncherStreams()),
         )
         self.procs[rank].start()
         writer.close()  # the agent holds the only write end: its pipe reads EOF once it is gone

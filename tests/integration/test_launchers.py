@@ -372,3 +372,27 @@ def test_broker_stops_cleanly_on_sigterm(tmp_path):
     out = broker.communicate(timeout=30)[0]
     assert broker.returncode == 128 + signal.SIGTERM, out  # stopped by a signal, as `run` and `agent` report it
     assert "Traceback" not in out and "died" not in out, out
+
+
+def _write_to_stderr(text: str, _std) -> None:
+    os.write(2, text.encode())
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_writes_to_the_launchers_stderr_as_it_is_when_the_agent_starts(tmp_path):
+    """Agents fork from a forkserver started once; without LauncherStreams the second would write
+    where stderr pointed when the server started (an earlier test's capture)."""
+    ctx, saved = launch.agent_context(), os.dup(2)
+    try:
+        for name in ("first", "second"):
+            with open(tmp_path / name, "wb") as f:
+                os.dup2(f.fileno(), 2)
+                agent = ctx.Process(target=_write_to_stderr, args=(name, launch.LauncherStreams()))
+                agent.start()
+                agent.join(60)
+                os.dup2(saved, 2)
+            assert agent.exitcode == 0
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    assert (tmp_path / "first").read_bytes() == b"first" and (tmp_path / "second").read_bytes() == b"second"
