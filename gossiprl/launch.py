@@ -31,6 +31,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import zmq
+
 import topologies
 
 from .agent_process import NO_EPISODE, format_return, run_agent
@@ -80,6 +82,9 @@ __all__ = [  # the swarm's own names, and the roles' that callers of gossiprl.la
 LAUNCHER_JOIN_S = 30
 """How long the launcher waits for an agent told to stop (it finishes its update and
 checkpoints) before it terminates the process."""
+BYE_WAIT_S = 5.0
+"""How long the launcher waits, after its agents exited, for the broker to have read the BYE of
+each that finished (an agent whose BYE was lost costs the run this much at its end)."""
 
 
 def make_topology(swarm: SwarmConfig):
@@ -264,8 +269,21 @@ def _agent_process(
         reports.put(("failed", rank, traceback.format_exc(limit=8)))
         raise SystemExit(1) from None
     finally:
+        _deliver_what_is_sent()
         if not mp.parent_process().is_alive():
             shutil.rmtree(private_dir, ignore_errors=True)
+
+
+def _deliver_what_is_sent(timeout: float = BYE_WAIT_S) -> None:
+    """Let ZeroMQ deliver what the agent's closed sockets still hold (its BYE) before the process
+    ends. A forkserver's child ends with os._exit, which takes ZeroMQ's I/O thread with it: the
+    BYE was lost, and the broker counted a cleanly finished agent as not having left. ``term``
+    waits out each closed socket's linger; a socket left open would make it wait forever, hence
+    the thread and the bound."""
+    ctx = zmq.Context.instance()
+    done = threading.Thread(target=ctx.term, name="zmq-term", daemon=True)
+    done.start()
+    done.join(timeout)
 
 
 def _watch_launcher(stop_pipe, stop: threading.Event) -> None:
@@ -489,6 +507,17 @@ class Swarm:
     def broker_stats(self) -> dict | None:
         return self.broker.stats() if self.broker else None
 
+    def _await_byes(self, timeout: float = BYE_WAIT_S) -> None:
+        """Give the broker's thread time to read the BYE of every agent that finished: an agent
+        sends it as it exits, and on a loaded host the launcher can join the process first, so the
+        final swarm log counted a cleanly finished agent as not having left."""
+        deadline = time.monotonic() + timeout
+        while self.broker is not None and time.monotonic() < deadline:
+            agents = self.broker.stats()["agents"]
+            if all(agents[rank]["said_bye"] for rank in self.summaries if rank in agents):
+                return
+            time.sleep(0.05)
+
     def close(self, swarm_log) -> None:
         """Stop and join every agent, terminating those that do not leave, then close the broker."""
         self.stop.set()
@@ -499,6 +528,7 @@ class Swarm:
             if p.is_alive():
                 p.terminate()
                 p.join(5)
+        self._await_byes()
         swarm_log.write(self.broker_stats(), force=True)
         if self.stats_server is not None:
             self.stats_server.close()

@@ -1,0 +1,28 @@
+"""gossiprl/launch.py's own logic, without starting a swarm."""
+
+from gossiprl import launch
+
+
+class BrokerReadingByesLate:
+    """A broker whose serving thread reads agent 1's BYE only on the third look at its stats."""
+
+    def __init__(self):
+        self.looks = 0
+
+    def stats(self):
+        self.looks += 1
+        return {"agents": {0: {"said_bye": True}, 1: {"said_bye": self.looks >= 3}, 2: {"said_bye": False}}}
+
+
+def test_the_last_swarm_log_waits_for_the_bye_of_every_agent_that_finished():
+    swarm = launch.Swarm.__new__(launch.Swarm)  # only what _await_byes reads
+    swarm.broker, swarm.summaries = BrokerReadingByesLate(), {0: {}, 1: {}}  # agent 2 failed: no BYE due
+    swarm._await_byes(timeout=5)
+    assert swarm.broker.looks == 3
+
+
+def test_a_bye_that_never_comes_costs_the_wait_and_no_more():
+    swarm = launch.Swarm.__new__(launch.Swarm)
+    swarm.broker, swarm.summaries = BrokerReadingByesLate(), {0: {}, 1: {}, 2: {}}
+    swarm._await_byes(timeout=0.3)
+    assert 3 <= swarm.broker.looks <= 10
