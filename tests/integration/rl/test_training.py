@@ -81,12 +81,19 @@ def test_cartpole_ring_of_two_learns_and_its_agents_agree(tmp_path, overlap):
         assert float(row["gossip/consensus_distance"]) == pytest.approx(by_update[row["updates"]], rel=1e-5)
 
     # Consensus: the two final policies are nearly one. Baseline: the same two agents (same
-    # config, seeds and ranks) trained without gossip for 20 updates are ~25 apart already (their
-    # inits differ); the gossiping pair ended <= 0.25 apart in 16 measured runs.
+    # config, seeds and ranks) trained without gossip for 20 updates from their own initial
+    # networks are ~25 apart already; the gossiping pair ended <= 0.25 apart in 16 measured runs.
+    # (Since agents share one initial network by default, the baseline must ask for its own
+    # inits: from one init, 20 updates apart are only ~2.6, and the bar fell below that range.)
     gossip_distance = float((final_params(run_dir / "agent-0") - final_params(run_dir / "agent-1")).norm())
     solo_dir = tmp_path / "solo"
     solo_cfg = AgentConfig(
-        env_id="CartPole-v1", total_frames=20 * frames_per_update, seed=1, agents_per_host=2, log_every=20
+        env_id="CartPole-v1",
+        total_frames=20 * frames_per_update,
+        seed=1,
+        agents_per_host=2,
+        log_every=20,
+        shared_init=False,
     )
     threads = torch.get_num_threads()
     try:
