@@ -5,9 +5,14 @@ of the statistical precipice*), in numpy, because rliable itself pulls arch, sea
   mean, as ``scipy.stats.trim_mean(scores, 0.25, axis=None)``): a few lucky or broken runs move it
   less than the mean, and it uses half the data where the median uses one point.
 * Probability of improvement P(X > Y): per task, the chance that a score of X beats one of Y
-  (ties count 1/2; the Mann-Whitney U over n m), averaged over tasks.
+  (ties count 1/2; the Mann-Whitney U over n m), averaged over tasks. It says which arm ends
+  higher, never by how much.
+* IQM ratio IQM(X) / IQM(Y), each arm's scores pooled over tasks: how much of Y's score X keeps,
+  the scale-free size of a difference that a margin (experiments/claims.py) can be set against.
 * Intervals: percentile intervals of a stratified bootstrap, runs resampled within each task
-  (and each arm's runs on their own for P(X > Y)), as rliable's ``get_interval_estimates`` does.
+  (and each arm's runs on their own for P(X > Y) and the ratio), as rliable's
+  ``get_interval_estimates`` does. Where k comparisons are read together, each takes a
+  ``bonferroni(k)`` interval, so that all k cover their truths at once with 95 % or more.
 * Curves: the IQM at each point of a learning curve, one bootstrap draw of whole runs serving
   every point, as rliable's sample-efficiency curves are drawn.
 
@@ -27,6 +32,9 @@ import numpy as np
 
 MIN_RUNS = 3
 """Fewer runs than this in any task give no interval: the bootstrap of 2 runs has 3 outcomes."""
+
+ALPHA = 0.05
+"""The error rate of a family of comparisons read together (one claim's, one section's)."""
 
 CHUNK = 2_000
 """Bootstrap draws computed at once (bounds the memory of P(X > Y)'s pairwise comparison)."""
@@ -112,6 +120,32 @@ def improvement_interval(
     n = len(xs)
     interval = _bootstrap(xs + ys, lambda drawn: _improvement_rows(drawn[:n], drawn[n:]), reps, size, seed)
     return _estimate(probability_of_improvement(xs, ys), interval)
+
+
+def ratio_interval(
+    x_tasks: Sequence, y_tasks: Sequence, reps: int = 50_000, size: float = 0.95, seed: int = 0
+) -> Estimate:
+    """IQM(X) / IQM(Y), each arm's scores pooled over its tasks, with its interval: X's and Y's
+    runs resampled independently, each within its task. Y's scores must all be above 0, so that
+    every draw's IQM of Y is: a ratio to a score of 0 or less does not measure a share of it."""
+    xs, ys = _paired(x_tasks, y_tasks)
+    if min(float(y.min()) for y in ys) <= 0:
+        raise ValueError("IQM(X) / IQM(Y) needs every score of Y above 0; compare such arms by P(X > Y)")
+    n = len(xs)
+
+    def ratio(drawn: list[np.ndarray]) -> np.ndarray:
+        return _iqm_rows(np.concatenate(drawn[:n], axis=1)) / _iqm_rows(np.concatenate(drawn[n:], axis=1))
+
+    interval = _bootstrap(xs + ys, ratio, reps, size, seed)
+    pooled = [np.concatenate([g.ravel() for g in groups]) for groups in (xs, ys)]
+    return _estimate(iqm(pooled[0]) / iqm(pooled[1]), interval)
+
+
+def bonferroni(comparisons: int) -> float:
+    """The interval size for each of ``comparisons`` read together: 1 - ALPHA / comparisons."""
+    if comparisons < 1:
+        raise ValueError(f"comparisons must be at least 1, got {comparisons}")
+    return 1 - ALPHA / comparisons
 
 
 def iqm_curve_interval(

@@ -74,6 +74,25 @@ def test_bootstrap_keeps_a_runs_agents_together():
     assert stats.improvement_interval([runs], [runs], reps=2_000).low == 0.5
 
 
+def test_iqm_ratio_pools_each_arm_and_resamples_the_arms_on_their_own():
+    estimate = stats.ratio_interval(X_TASKS, Y_TASKS)
+    assert estimate.point == pytest.approx(REFERENCE["iqm_x"][0] / REFERENCE["iqm_y"][0], abs=1e-12)
+    assert estimate.low < estimate.point < estimate.high
+    # each arm's runs all hold the same scores: every draw has IQM 5 over 2.5
+    exact = stats.ratio_interval([np.tile([2.0, 4.0, 6.0, 8.0], (4, 1))], [np.tile([1.0, 2.0, 3.0, 4.0], (3, 1))])
+    assert exact.point == exact.low == exact.high == 2.0
+    with pytest.raises(ValueError, match="every score of Y above 0"):
+        stats.ratio_interval([[1.0, 2.0, 3.0]], [[1.0, 0.0, 3.0]])
+
+
+def test_bonferroni_widens_each_of_k_intervals_to_1_minus_alpha_over_k():
+    assert stats.bonferroni(1) == 0.95 and stats.bonferroni(4) == pytest.approx(0.9875)
+    wide, narrow = (stats.improvement_interval(X_TASKS, Y_TASKS, size=stats.bonferroni(k)) for k in (4, 1))
+    assert wide.low < narrow.low and wide.high >= narrow.high
+    with pytest.raises(ValueError, match="comparisons must be at least 1"):
+        stats.bonferroni(0)
+
+
 def test_too_few_runs_give_no_interval_and_clipping_keeps_it_in_range():
     estimate = stats.iqm_interval([[1.0, 2.0]])
     assert estimate.point == 1.5 and estimate.low is None and estimate.clipped((0.0, 1.0)).low is None
