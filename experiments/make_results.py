@@ -4,8 +4,8 @@ under experiments/results/, so it is regenerated, never edited by hand.
 For each study it rebuilds results.csv, summary.csv and figure.png from whatever cells exist
 (a study cut short is reported with the cells it is missing), then writes the question, the
 setup, the untrained policy's score, the table, the figure and what the data says: each paper's
-claim judged on its own axis by the IQM and probability of improvement of experiments/stats.py
-(experiments/claims.py).
+claim judged on its own axis by the interval estimates of experiments/stats.py, as
+experiments/claims.py says.
 
     python -m experiments.make_results [--results experiments/results] [--output experiments/RESULTS.md]
 """
@@ -311,14 +311,14 @@ def baselines_section(out: Path, results: Path) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     bounds, bounds_said = score_bounds(env, [r for entry in entries for r in entry[1]])
-    iqms, curves, scores = {}, {}, {}
+    frames_of, curves, scores = {}, {}, {}
     for setting, mine, per_agent, folder, reader in entries:
         if not mine:
             continue
         curves[setting] = [reader(folder, cell_key(r["setting"], r["seed"])) for r in mine]
         scores[setting] = np.array([r["per_agent_last100"] for r in mine], dtype=float)
         estimate = stats.iqm_interval([scores[setting]]).clipped(bounds)
-        iqms[setting] = (estimate.point, estimate.low, estimate.high, per_agent)
+        frames_of[setting] = per_agent
         mean, half = ci95([float(np.mean(r["per_agent_last100"])) for r in mine])
         fps = np.mean([r["fps"] for r in mine])
         lines.append(
@@ -347,28 +347,50 @@ def baselines_section(out: Path, results: Path) -> list[str]:
             curves, PUBLISHED.get(env, []), out / "figure.png", env, bounds, untrained and untrained["mean"]
         )
         lines += [f"![SB3 reference on {env}](results/{out.name}/figure.png)", ""]
-    one_name = next((k for k in iqms if k.startswith("gossiprl, 1 agent")), None)
-    one = iqms.get(one_name)
-    findings = []
-    for setting in meta["settings"]:
-        if setting not in iqms or one is None:
-            continue
-        point, low, high, per_agent = iqms[setting]
-        if per_agent != one[3]:
-            findings.append(f"{setting} ran {per_agent:,} frames, gossiprl's one agent {one[3]:,}: not compared")
-        elif low is None or one[1] is None:
-            findings.append(f"{setting} against gossiprl's one agent: too few seeds for an interval")
-        elif high < one[1] or low > one[2]:
-            side = "below" if low > one[2] else "above"  # where gossiprl's one agent stands
-            findings.append(f"gossiprl's one agent is {side} {setting} (the 95 % intervals do not overlap)")
-        else:
-            findings.append(f"gossiprl's one agent and {setting} are indistinguishable (the 95 % intervals overlap)")
-        if per_agent == one[3]:
-            estimate = stats.improvement_interval([scores[one_name]], [scores[setting]])
-            findings.append(f"P(gossiprl's one agent > {setting}) = {claims.interval_text(estimate)}")
-    if findings:
-        lines += ["**What the data says.**", ""] + [f"- {f}." for f in findings] + [""]
+    lines += reference_lines(meta["settings"], scores, frames_of)
     return lines
+
+
+REFERENCE_READING = {
+    "higher": "gossiprl's one agent ends higher",
+    "lower": "gossiprl's one agent ends lower",
+    "cannot tell apart": "this data cannot tell them apart, which does not show them equal",
+}
+
+
+def reference_lines(references: list[str], scores: dict[str, np.ndarray], frames: dict[str, int]) -> list[str]:
+    """gossiprl's one agent against each reference run at the same frames, by P(X > Y) and its
+    interval, Bonferroni-corrected over the references compared, as experiments/claims.py judges."""
+    one = next((s for s in scores if s.startswith("gossiprl, 1 agent")), None)
+    present = [s for s in references if s in scores]
+    if one is None or not present:
+        return []
+    same = [s for s in present if frames[s] == frames[one]]
+    size = stats.bonferroni(max(len(same), 1))
+    findings = [
+        f"{s} ran {frames[s]:,} frames, gossiprl's one agent {frames[one]:,}: not compared"
+        for s in present
+        if s not in same
+    ]
+    for setting in same:
+        estimate = stats.improvement_interval([scores[one]], [scores[setting]], size=size)
+        seeds = f"{setting} has {len(scores[setting])}, gossiprl's one agent {len(scores[one])}"
+        reading = REFERENCE_READING.get(
+            claims.judge(estimate), f"too few seeds for an interval ({seeds}; {stats.MIN_RUNS} needed)"
+        )
+        findings.append(f"P(gossiprl's one agent > {setting}) = {claims.interval_text(estimate)}: {reading}")
+    if not same:
+        return ["**What the data says.**", ""] + [f"- {f}." for f in findings] + [""]
+    return (
+        [
+            "**What the data says.** Each row against gossiprl's one agent at the same frames, by the probability "
+            f"of improvement with {claims.size_text(size, len(same))}; whether two intervals of the table overlap "
+            "is not read.",
+            "",
+        ]
+        + [f"- {f}." for f in findings]
+        + [""]
+    )
 
 
 def budget_lines(results: Path) -> list[str]:
@@ -467,9 +489,17 @@ def main(results, output):
         "probability of improvement P(X > Y), the chance that an agent of X ends above one of Y (ties 1/2), each "
         "with a 95 % percentile interval of a bootstrap that resamples whole seeds (a seed's agents share its "
         "gossip and are not independent); the figures draw the IQM at every point of the curves with the same "
-        "bootstrap's band. Each paper's claim is judged on the axis it is about (experiments/claims.py): the data "
-        "**supports** it where P(X > Y)'s interval lies above 0.5, **contradicts** it where it lies below, and "
-        "**cannot decide** it where the interval holds 0.5. The tables also give the mean ± 95 % Student-t "
+        "bootstrap's band. Each paper's claim is judged on the axis it is about (experiments/claims.py). A claim "
+        "that X does at least as well as Y is judged by P(X > Y): a comparison is higher where its interval lies "
+        "above 0.5 and lower where it lies below. A claim that X costs little against Y is about the size of a "
+        "difference, which P(X > Y) does not measure: it states a margin m, and why, and is judged by the ratio "
+        "IQM(X) / IQM(Y), higher where its interval lies above 1 - m and lower where it lies below. A claim "
+        "against several arms is **contradicted** if any comparison is lower, **supported** only if every one is "
+        "higher, and the data **cannot decide** it otherwise (an interval that holds the line, too few seeds for "
+        "an interval, or an arm not run), with the reason. Read together, k comparisons take Bonferroni's "
+        "1 - 0.05 / k intervals (98.75 % for four), so that a verdict errs at most 5 % of the time; the "
+        "comparisons listed beside a claim, on every axis, and the across-games summary are 95 % intervals each, "
+        "uncorrected, and no verdict is read off them. The tables also give the mean ± 95 % Student-t "
         "interval, for reference; no verdict is read off it. Every interval is cut to the range the score can "
         "take: the env's where its rules fix it, else the scores the study's runs reached (each "
         "study says which). The untrained policy's score (`python -m experiments.untrained`) is stated with "

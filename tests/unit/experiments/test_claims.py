@@ -1,11 +1,14 @@
 """experiments/claims.py: a claim's verdict comes from P(X > Y)'s bootstrap interval on the claim's
-own axis (above 0.5 supports, below contradicts, holding 0.5 cannot decide), seed counts are
-counted, not written, and the equal-total-frames gap is explained only where there is one."""
+own axis (above 0.5 supports, below contradicts, holding 0.5 cannot decide), or for a claim with a
+margin from the IQM ratio's interval against 1 - margin; a claim's several comparisons are read
+with Bonferroni intervals and combined so that a clear loss is never hidden by a missing estimate;
+seed counts are counted, not written, and the equal-total-frames gap is explained only where
+there is one. The SB3 reference section (experiments/make_results.py) reads P(X > Y) the same way."""
 
 import numpy as np
 import pytest
 
-from experiments import claims
+from experiments import claims, make_results
 from experiments.common import cell_key
 
 ONE, RING, TOTAL = "1 agent", "ring of 4", claims.EQUAL_TOTAL["swarm_vs_one"]
@@ -13,15 +16,14 @@ BOUNDS = (0.0, 100.0)
 
 
 def rows(scores: dict[str, list[list[float]]]) -> list[dict]:
-    """Cells of swarm_vs_one at 1M frames per agent: setting -> each seed's agents' last-100 scores."""
-    agents = {ONE: 1, RING: 4, TOTAL: 1}
-    frames = {ONE: 1_000_000, RING: 4_000_000, TOTAL: 4_000_000}
+    """Cells at 1M frames per agent (the ring's total frames for TOTAL's one agent): setting -> each
+    seed's agents' last-100 scores."""
     return [
         {
             "setting": setting,
             "seed": seed,
-            "agents": agents[setting],
-            "frames": frames[setting],
+            "agents": len(per_agent),
+            "frames": 4_000_000 if setting == TOTAL else 1_000_000 * len(per_agent),
             "n_steps": 5,
             "num_envs": 16,
             "per_agent_last100": per_agent,
@@ -108,3 +110,129 @@ def test_a_wall_clock_claim_leaves_out_seeds_with_no_score_by_then(tmp_path):
     )
     (line,) = claims.claim_lines("layout", arms, BOUNDS, frames_per_agent=False)
     assert f"Not tested here: no finished cell of {layout.better} has a score there" in line
+
+
+ORDERING = claims.CLAIMS["ordering_ablation"]
+SYNC = [[3.0], [4.0], [5.0], [6.0], [7.0], [8.0]]
+
+
+def ordering(scores: dict[str, list[list[float]]]) -> str:
+    (line,) = claims.claim_lines("ordering_ablation", claims.Arms(None, rows(scores)), BOUNDS, frames_per_agent=False)
+    return line
+
+
+def shifted(seeds: list[list[float]], by: float) -> list[list[float]]:
+    return [[v + by for v in agents] for agents in seeds]
+
+
+def test_several_comparisons_take_bonferroni_intervals():
+    # each async arm 2.5 below sync: P(sync > arm) = 0.83, 95 % interval [0.56, 1.00] (above 0.5, so
+    # four uncorrected comparisons would support the claim), 98.75 % interval [0.44, 1.00]
+    line = ordering({ORDERING.better: SYNC, **{arm: shifted(SYNC, -2.5) for arm in ORDERING.than}})
+    assert "98.75 % intervals (Bonferroni: 95 % over 4 comparisons)" in line
+    assert "= 0.83 [0.44, 1.00]" in line
+    assert "**cannot decide** it: an interval of P holds 0.5." in line
+    assert "98.75 %" not in verdict({ONE: [[5.8], [6.0], [6.2]], RING: [[7.0, 7.1, 7.2, 7.3]] * 3})
+
+
+@pytest.mark.parametrize(
+    "others",
+    [
+        # every other arm run, one with too few seeds for an interval
+        {"async, max-staleness 4": shifted(SYNC[:2], -5.0), "async, unbounded": SYNC, "none (independent)": SYNC},
+        {},  # the other arms not run at all
+    ],
+)
+def test_a_clear_loss_is_not_hidden_by_another_comparisons_missing_estimate(others):
+    lost = shifted(SYNC, 10.0)  # every sync agent below every one of this arm: P = 0 [0, 0]
+    line = ordering({ORDERING.better: SYNC, "async, max-staleness 1": lost, **others})
+    assert "P(sync (turn locks) > async, max-staleness 1) = 0.00 [0.00, 0.00]" in line
+    assert line.endswith("This data **contradicts** it.")
+
+
+def test_supports_only_if_every_comparison_does_else_it_says_every_reason():
+    ahead = {arm: shifted(SYNC, -5.0) for arm in ORDERING.than}
+    assert ordering({ORDERING.better: SYNC, **ahead}).endswith("This data **supports** it.")
+    short = {**ahead, "async, unbounded": shifted(SYNC[:2], -5.0), "async, max-staleness 4": SYNC}
+    del short["none (independent)"]
+    line = ordering({ORDERING.better: SYNC, **short})
+    assert "none (independent): no finished cell has a score there" in line
+    assert line.endswith(
+        "This data **cannot decide** it: an interval of P holds 0.5; fewer than 3 seeds in an arm give no "
+        "interval; an arm has no finished cell with a score there."
+    )
+
+
+LAYOUT = claims.CLAIMS["layout"]
+
+
+def layout_arms(tmp_path, scores: dict[str, list[float]]) -> claims.Arms:
+    """Layout cells of one agent each whose only score, logged at 5 s, is their score at T = 10 s."""
+    (tmp_path / "curves").mkdir(exist_ok=True)
+    cells = []
+    for setting, seeds in scores.items():
+        for seed, score in enumerate(seeds, 1):
+            cells.append({"setting": setting, "seed": seed, "agents": 1, "equal_wall_s": 10.0})
+            (tmp_path / "curves" / f"{cell_key(setting, seed)}.csv").write_text(
+                f"agent,frames,wall_s,mean_return_100,wait_s,mix_s\n0,100,5.0,{score},0,0\n"
+            )
+    return claims.Arms(tmp_path, cells)
+
+
+def layout(tmp_path, spread: list[float], one_host: list[float]) -> str:
+    arms = layout_arms(tmp_path, {LAYOUT.better: spread, LAYOUT.than[0]: one_host})
+    (line,) = claims.claim_lines("layout", arms, BOUNDS, frames_per_agent=False)
+    return line
+
+
+ONE_HOST = [1.00, 1.01, 1.00, 1.01, 1.00]
+
+
+@pytest.mark.parametrize(
+    "spread, ratio, word",
+    [
+        # every spread seed below every one-host seed, so P(X > Y) = 0 would contradict "costs
+        # little"; it keeps 95 % of the score, inside the margin
+        ([0.95, 0.96, 0.95, 0.96, 0.95], "0.95 [0.94, 0.96]", "**supports** it."),
+        ([0.50, 0.51, 0.50, 0.51, 0.50], "0.50 [0.50, 0.51]", "**contradicts** it."),
+        (
+            [0.70, 1.10, 0.80, 1.20, 0.90],
+            "0.93 [0.73, 1.16]",
+            "**cannot decide** it: an interval of the ratio holds 0.90.",
+        ),
+    ],
+)
+def test_a_costs_little_claim_is_judged_by_the_iqm_ratio_against_its_margin(tmp_path, spread, ratio, word):
+    assert LAYOUT.margin == 0.10 and LAYOUT.why_margin
+    line = layout(tmp_path, spread, ONE_HOST)
+    assert "margin of 10 %: the data supports the claim where the ratio's whole interval lies above 0.90" in line
+    assert f"Why 10 %: {LAYOUT.why_margin}." in line
+    assert f"IQM ratio {LAYOUT.better} / {LAYOUT.than[0]} = {ratio}" in line and "P(" not in line
+    assert line.endswith(word)
+
+
+def test_a_ratio_to_a_score_of_zero_decides_nothing(tmp_path):
+    line = layout(tmp_path, [0.95, 0.96, 0.95], [1.0, 0.0, 1.0])
+    assert "has a score of 0 or less, which a ratio cannot take" in line
+    assert line.endswith("**cannot decide** it: an arm has a score of 0 or less, which a ratio cannot take.")
+
+
+def test_the_sb3_reference_is_read_by_p_with_bonferroni_intervals_not_by_overlap():
+    one = np.arange(3.0, 15.0)[:, None]  # 12 seeds, IQM 8.50 [5.83, 11.17]
+    scores = {
+        "gossiprl, 1 agent (swarm_vs_one)": one,
+        "SB3 A2C": one - 4.5,  # IQM 4.00 [1.33, 6.67]: the 95 % intervals overlap, yet P is above 0.5
+        "SB3 PPO": one,
+        "SB3 DQN": one[:2],
+        "SB3 long": one,
+    }
+    frames = {name: 5_000_000 if name == "SB3 long" else 1_000_000 for name in scores}
+    lines = make_results.reference_lines(["SB3 A2C", "SB3 PPO", "SB3 DQN", "SB3 long"], scores, frames)
+    assert "98.33 % intervals (Bonferroni: 95 % over 3 comparisons)" in lines[0]
+    assert "- P(gossiprl's one agent > SB3 A2C) = 0.81 [0.56, 0.97]: gossiprl's one agent ends higher." in lines
+    assert "- P(gossiprl's one agent > SB3 PPO) = 0.50 [0.22, 0.78]: this data cannot tell them apart" in " ".join(
+        lines
+    )
+    assert "(SB3 DQN has 2, gossiprl's one agent 12; 3 needed)" in " ".join(lines)
+    assert "- SB3 long ran 5,000,000 frames, gossiprl's one agent 1,000,000: not compared." in lines
+    assert not any("overlap" in line and "not read" not in line for line in lines)
