@@ -90,13 +90,20 @@ def command(study: Study) -> click.Command:
         "and RESULTS.md lists them as missing until run).",
     )
     @click.option(
+        "--max-frames-per-agent",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Run only the cells that give each agent at most this many frames now (the longer ones stay "
+        "planned, and RESULTS.md lists them as missing until run).",
+    )
+    @click.option(
         "--out",
         type=click.Path(file_okay=False, path_type=Path),
         default=None,
         help=f"Results dir; give an existing one to resume it, experiments/results/{study.name} to update the "
         f"committed results [default: a fresh runs/{study.name}-<time>/, or a temporary dir with --quick].",
     )
-    def main(quick, seeds, frames, env_id, eval_episodes, max_agents, out):
+    def main(quick, seeds, frames, env_id, eval_episodes, max_agents, max_frames_per_agent, out):
         env_id = env_id or (QUICK_ENV if quick else REAL_ENV)
         try:
             threshold = env_spec(env_id)
@@ -131,12 +138,22 @@ def command(study: Study) -> click.Command:
             f"{study.title}: {len(cells)} cells ({len(settings)} settings x {len(seed_list)} seeds), "
             f"{frames:,} frames each on {env_id} -> {out}"
         )
-        if max_agents is not None:
-            cells = [c for c in cells if c.agents <= max_agents]
+        cells = run_now(cells, max_agents, max_frames_per_agent)
         rows = run_study(cells, out, env_id, threshold, eval_episodes or (3 if quick else 10), echo=click.echo)
         finish(study, out, rows, settings, env_id, threshold)
 
     return main
+
+
+def run_now(cells: list[Cell], max_agents: int | None, max_frames_per_agent: int | None) -> list[Cell]:
+    """The planned cells to run in this invocation: the small and short ones first, when a window of
+    machine time is too short for all (the rest stay planned, and resume later)."""
+    return [
+        c
+        for c in cells
+        if (max_agents is None or c.agents <= max_agents)
+        and (max_frames_per_agent is None or c.total_frames // c.agents <= max_frames_per_agent)
+    ]
 
 
 def planned_cells(study: Study, quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:

@@ -22,8 +22,9 @@ from ..rl.models import make_model
 
 def lean_a2c_fps(
     env_id: str, seconds: float, num_envs: int = 16, n_steps: int = 5, seed: int = 0, threads: int = 1, barrier=None
-) -> float:
-    """Frames/s of the minimal loop over ``seconds`` of training (after 3 warm-up updates).
+) -> dict:
+    """Frames/s of the minimal loop over ``seconds`` of training (after 3 warm-up updates), and the
+    CPU milliseconds it spent per frame (this process's CPU time: a busy host does not inflate it).
 
     ``barrier`` holds the clock until every loop sharing it has warmed up, so loops run
     side by side are timed over the same window.
@@ -39,7 +40,7 @@ def lean_a2c_fps(
     rewards = torch.zeros((n_steps, num_envs))
     dones = torch.zeros((n_steps, num_envs))
     obs_buf[0] = obs
-    updates, start = -3, float("inf")  # the clock starts after three warm-up updates
+    updates, start, cpu = -3, float("inf"), 0.0  # the clocks start after three warm-up updates
     while updates < 0 or time.perf_counter() - start < seconds:
         for t in range(n_steps):
             with torch.inference_mode():
@@ -70,18 +71,20 @@ def lean_a2c_fps(
         if updates == 0:
             if barrier is not None:
                 barrier.wait()
-            start = time.perf_counter()
-    elapsed = time.perf_counter() - start
+            start, cpu = time.perf_counter(), time.process_time()
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     envs.close()
-    return updates * n_steps * num_envs * envs.frames_per_step / elapsed
+    frames = updates * n_steps * num_envs * envs.frames_per_step
+    return {"fps": frames / elapsed, "cpu_ms_per_frame": 1000 * cpu / frames}
 
 
 def _lean_child(args, barrier, out) -> None:
     out.put(lean_a2c_fps(*args, barrier=barrier))
 
 
-def side_by_side_fps(env_id: str, seconds: float, n: int, num_envs: int = 16, n_steps: int = 5) -> float:
-    """Summed frames/s of ``n`` minimal loops, each its own process, timed over the same window.
+def side_by_side_fps(env_id: str, seconds: float, n: int, num_envs: int = 16, n_steps: int = 5) -> dict:
+    """Summed frames/s of ``n`` minimal loops, each its own process, timed over the same window,
+    and their mean CPU milliseconds per frame.
 
     The ceiling of a swarm of ``n`` on this host: what its cores (and memory) give ``n`` independent
     learners that never talk. A ring's rate over this one is what gossip costs, apart from the host.
@@ -97,7 +100,11 @@ def side_by_side_fps(env_id: str, seconds: float, n: int, num_envs: int = 16, n_
     for p in procs:
         p.start()
     try:
-        return sum(out.get(timeout=seconds + 120) for _ in procs)
+        loops = [out.get(timeout=seconds + 120) for _ in procs]
+        return {
+            "fps": sum(loop["fps"] for loop in loops),
+            "cpu_ms_per_frame": float(np.mean([loop["cpu_ms_per_frame"] for loop in loops])),
+        }
     except queue.Empty:
         codes = [p.exitcode for p in procs]
         raise RuntimeError(f"{n} minimal loops side by side: not every one reported (exit codes {codes})") from None

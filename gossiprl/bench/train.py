@@ -12,6 +12,11 @@ overlapped sync gossip and async gossip. Swarm rows are real `gossiprl run`s
 (broker, agent processes) cut off after a fixed time; their rate is the sum of the agents'
 steady-state frames/s (after the warm-up updates, so start-up is left out), and the time split
 is the agents' mean share of rollout, learn, gossip wait and mix over the same window.
+
+Frames/s on a loaded host move with the load, so every training row also gives its CPU time per
+frame (the minimal loops' own process CPU; a swarm row's, every process the run started, read
+from /proc over the agents' steady window) and its ratio to the same baseline: a host busier in
+one row than in the next moves the rates, not the CPU each frame took.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -74,6 +80,65 @@ def busy_core():
         spinner.wait()
 
 
+SAMPLE_S = 0.25
+"""How often the CPU time of the row's processes is read."""
+
+
+class DescendantsCPU:
+    """CPU seconds (user + system) of this process's descendants, sampled in a thread while the block
+    runs. This process itself is left out: it only launches the row and samples. Read from /proc:
+    where there is none (not Linux), ``works`` is False and nothing is sampled."""
+
+    works = Path("/proc/self/stat").exists()
+
+    def __init__(self):
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._sample, name="cpu-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while self.works and not self._stop.wait(SAMPLE_S):
+            self.samples.append((time.perf_counter(), self.read()))
+
+    def read(self) -> float:
+        children: dict[int, list[int]] = {}
+        cpu: dict[int, float] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:  # gone since the listing
+                continue
+            pid = int(entry.name)
+            children.setdefault(int(fields[1]), []).append(pid)
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / self._tick
+        total, todo = 0.0, list(children.get(os.getpid(), []))
+        while todo:
+            pid = todo.pop()
+            total += cpu.get(pid, 0.0)
+            todo += children.get(pid, [])
+        return total
+
+    def between(self, since: float, until: float) -> float | None:
+        """CPU seconds spent from ``since`` to ``until`` (perf_counter readings), from the nearest samples."""
+        inside = [cpu for t, cpu in self.samples if since <= t <= until]
+        if len(inside) < 2:
+            return None
+        first = next(t for t, _ in self.samples if t >= since)
+        last = max(t for t, _ in self.samples if t <= until)
+        return (inside[-1] - inside[0]) * (until - since) / max(last - first, 1e-9)
+
+
 STARTUP_ALLOWANCES = (10.0, 30.0, 90.0)
 """Seconds a swarm row allows its agents to start before its window, tried in turn: a row whose
 agents did not all reach their steady state in time (a loaded host: spawn, torch's import, the
@@ -82,9 +147,14 @@ start-up as training."""
 
 
 def swarm_row(swarm, agent_cfg, seconds: float, allowances=STARTUP_ALLOWANCES) -> dict:
-    """One real `gossiprl run` cut off after ``seconds`` of training; its steady-state figures."""
+    """One real `gossiprl run` cut off after ``seconds`` of training; its steady-state figures, the
+    CPU milliseconds per frame of every process it started over the agents' steady window (Linux:
+    None elsewhere, or when the window is too short to sample), and which try it took."""
+    tries = 0
     for allowance in allowances:
-        agents = _timed_run(replace(swarm, total_frames=10**12, max_seconds=seconds + allowance), agent_cfg)
+        tries += 1
+        with DescendantsCPU() as sampler:
+            agents = _timed_run(replace(swarm, total_frames=10**12, max_seconds=seconds + allowance), agent_cfg)
         steady = all("steady_fps" in s for s in agents)
         if steady:
             break
@@ -93,11 +163,17 @@ def swarm_row(swarm, agent_cfg, seconds: float, allowances=STARTUP_ALLOWANCES) -
     prefix = "steady_" if steady else ""
     # the rollout source's stats (IMPALA's lag and queue depth), the agents' mean
     sourced = {k for s in agents for k in s if "/" in k}
+    fps = sum(s[f"{prefix}fps"] for s in agents)
+    window = (min(s["steady_since"] for s in agents), max(s["steady_until"] for s in agents)) if steady else None
+    cpu = sampler.between(*window) if window and sampler.works else None
     return {
-        "fps": sum(s[f"{prefix}fps"] for s in agents),
-        "window": (min(s["steady_since"] for s in agents), max(s["steady_until"] for s in agents)) if steady else None,
+        "fps": fps,
+        "cpu_ms_per_frame": 1000 * cpu / max(fps * (window[1] - window[0]), 1e-9) if cpu is not None else None,
+        "window": window,
         "shares": {k: float(np.mean([s.get(f"{prefix}{k}_share", 0.0) for s in agents])) for k in SHARES},
         "steady": steady,
+        "allowance": allowance,
+        "tries": tries,
         **{k: float(np.mean([s[k] for s in agents if k in s])) for k in sorted(sourced)},
     }
 
@@ -134,23 +210,24 @@ def run(
     )
     rows: list[dict] = []
 
-    def add(name: str, fps: float, shares: dict | None = None, steady: bool = True, window=None) -> None:
-        """One row; ``window``, the agents' steady window, is for benchmarks that time it from outside."""
-        rows.append({"row": name, "fps": fps, "shares": shares, "steady": steady})
+    def add(name: str, fps: float, shares: dict | None = None, steady: bool = True, window=None, **more) -> None:
+        """One row; ``window``, the agents' steady window, is for benchmarks that time it from outside;
+        ``more``: the CPU per frame, and the swarm rows' start-up allowance and try."""
+        rows.append({"row": name, "fps": fps, "shares": shares, "steady": steady, **more})
         echo(_format(rows[-1], rows))
 
     add("raw vector env, random actions", raw_ceiling(env_id, num_envs, min(seconds, 10.0), threads=1))
-    add("minimal A2C loop", lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
+    add("minimal A2C loop", **lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
     one = SwarmConfig(agents=1, topology=None)
     add("one agent, default flags", **swarm_row(one, agent_cfg, seconds))
     with busy_core():
-        add("minimal A2C loop, one core busy", lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
+        add("minimal A2C loop, one core busy", **lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
         add("one agent, one core busy", **swarm_row(one, agent_cfg, seconds))
         every_core = replace(agent_cfg, torch_threads=os.cpu_count() or 1)
         # the collapse this row shows may never reach the steady state: one try
         add("one agent, one core busy, old threads", **swarm_row(one, every_core, seconds, STARTUP_ALLOWANCES[:1]))
     for n in agent_counts:
-        add(f"{n} minimal loops side by side", side_by_side_fps(env_id, seconds, n, num_envs, agent_cfg.a2c.n_steps))
+        add(f"{n} minimal loops side by side", **side_by_side_fps(env_id, seconds, n, num_envs, agent_cfg.a2c.n_steps))
         for mode, overlap in SWARM_LAYOUTS:
             swarm = SwarmConfig(agents=n, topology="ring", mode=mode, data_plane=data_plane)
             cfg = replace(agent_cfg, gossip_overlap=overlap)
@@ -161,26 +238,34 @@ def run(
 
 def _format(row: dict, rows: list[dict]) -> str:
     """A table line: the rate, its ratio to the one-agent row (or, under load, to the minimal
-    loop under the same load), and where the agents' time went."""
-    by_name = {r["row"]: r["fps"] for r in rows}
+    loop under the same load), the CPU per frame with the same ratio (what a loaded host's
+    preemption does not move), where the agents' time went, and whether the row took a retry."""
+    by_name = {r["row"]: r for r in rows}
 
-    def ratio(baseline: str) -> str:
-        return f"{row['fps'] / by_name[baseline]:5.2f}x" if by_name[baseline] > 0 else "  n/a"
+    def ratio(baseline: str, key: str = "fps") -> str:
+        mine, theirs = row.get(key), by_name[baseline].get(key)
+        return f"{mine / theirs:5.2f}x" if mine and theirs else "  n/a"
 
-    line = f"  {row['row']:<38} {row['fps']:10,.0f} frames/s"
-    if row["row"] == "one agent, default flags":
-        line += f"  {ratio('minimal A2C loop')} minimal loop"
+    baseline = None
+    if row["row"] == "one agent, default flags" or row["row"].endswith("side by side"):
+        baseline, what = "minimal A2C loop", "minimal loop"
     elif row["row"].startswith("one agent, one core busy"):
-        line += f"  {ratio('minimal A2C loop, one core busy')} minimal loop under the same load"
-    elif row["row"].endswith("side by side"):
-        line += f"  {ratio('minimal A2C loop')} minimal loop"
+        baseline, what = "minimal A2C loop, one core busy", "minimal loop under the same load"
+    line = f"  {row['row']:<38} {row['fps']:10,.0f} frames/s"
+    if baseline:
+        line += f"  {ratio(baseline)} {what}"
     elif row["row"].startswith("ring"):
         n = row["row"].split()[2].rstrip(",")
-        line += (
-            f"  {ratio('one agent, default flags')} one agent, {ratio(f'{n} minimal loops side by side')} side by side"
-        )
+        baseline = f"{n} minimal loops side by side"
+        line += f"  {ratio('one agent, default flags')} one agent, {ratio(baseline)} side by side"
+    if row.get("cpu_ms_per_frame"):
+        line += f"  | CPU {row['cpu_ms_per_frame'] * 1000:6.1f} us/frame"
+        if baseline:
+            line += f" ({ratio(baseline, 'cpu_ms_per_frame')} of {baseline.replace('A2C ', '')}'s)"
     if not row["steady"]:
         line += "  (never finished its warm-up: rate over the whole run)"
+    if row.get("tries", 1) > 1:
+        line += f"  (try {row['tries']}: its agents needed {row['allowance']:g} s to start)"
     if row["shares"]:
         line += "  | " + ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in row["shares"].items())
     return line

@@ -365,6 +365,9 @@ def test_bench_train_quick_measures_every_row_in_one_run(tmp_path):
     ]
     # every row trained; the old thread default may collapse so far under load that it trains nothing
     assert all(row["fps"] > 0 for name, row in rows.items() if not name.endswith("old threads"))
+    # and every training row that reached its steady state says what CPU each frame took
+    trained = [row for name, row in rows.items() if not name.startswith("raw") and row["steady"]]
+    assert trained and all(row["cpu_ms_per_frame"] > 0 for row in trained)
     ring = rows["ring of 2, sync, overlapped"]["shares"]
     assert set(ring) == {"rollout", "learn", "gossip_wait", "mix"} and 0 < sum(ring.values()) <= 1.0
     assert re.search(

@@ -437,6 +437,8 @@ def test_bench_rows_measure_every_path():
     )
     assert all(table[0][row] > 0 for row in ("gala_shm", "gloo_ring", "gloo_allreduce", "shm", "direct"))
     assert table[0]["shm_over_gala"] > 0
+    # every row counts the CPU its rounds took (process_time of each agent, and the parent's broker)
+    assert all(table[0][f"{row}_cpu"] > 0 for row in ("gala_shm", "gloo_ring", "gloo_allreduce", "shm", "direct"))
 
 
 @pytest.mark.timeout(30)

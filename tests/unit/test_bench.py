@@ -1,0 +1,27 @@
+"""The bench train table says what each ratio is against, on both clocks, and when a row was retried."""
+
+from gossiprl.bench.train import _format
+
+
+def row(name, fps, cpu=None, **more):
+    return {"row": name, "fps": fps, "shares": None, "steady": True, "cpu_ms_per_frame": cpu, **more}
+
+
+def test_a_ring_is_held_to_one_agent_and_to_loops_side_by_side_on_both_clocks():
+    rows = [
+        row("minimal A2C loop", 10_000, 0.10),
+        row("one agent, default flags", 9_000, 0.11),
+        row("2 minimal loops side by side", 16_000, 0.12),
+        row("ring of 2, sync, blocking", 12_000, 0.15, tries=1, allowance=10.0),
+    ]
+    line = _format(rows[-1], rows)
+    assert " 1.33x one agent,  0.75x side by side" in line
+    assert "CPU  150.0 us/frame ( 1.25x of 2 minimal loops side by side's)" in line
+    assert "try" not in line
+
+
+def test_a_retried_row_says_which_try_and_allowance_it_took():
+    rows = [row("minimal A2C loop", 10_000), row("one agent, default flags", 5_000, tries=3, allowance=90.0)]
+    line = _format(rows[-1], rows)
+    assert "0.50x minimal loop" in line and "(try 3: its agents needed 90 s to start)" in line
+    assert "CPU" not in line  # no CPU figure (not Linux, or too short a window): no column, no ratio
