@@ -19,9 +19,13 @@ learner takes them, and FETCH is answered from the last posted copy. An actor's 
 is plain blocking calls, for a process that does nothing else. Every message is validated against
 its command's schema before anything reads its frames; nothing received is executed. A bad message
 is dropped and counted; an actor that reports a failure (FAILED) or falls silent ends the learner's
-next ``take`` with ``ActorFailed``. Only numpy arrays cross here: the RL layer turns them into
-tensors. The transport is the caller's: ipc:// on one host, tcp:// (with CURVE keys, ``keys``)
-across hosts.
+next ``take`` with ``ActorFailed``. The learner admits at most ``max_actors`` actors, and takes back
+the credits of one that holds them for ``silence_s`` without sending an unroll, so no peer, however
+many identities it makes, can hold the queue's room and starve the learner unseen. Each actor keeps
+one routing id (a uuid) for its life and the learner's ROUTER hands a route over to a reconnecting
+connection, so an actor whose TCP connection broke goes on with its number and credits. Only
+numpy arrays cross here: the RL layer turns them into tensors. The transport is the caller's:
+ipc:// on one host, tcp:// (with CURVE keys, ``keys``) across hosts.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ UNROLL_ARRAYS = ("obs", "actions", "rewards", "dones", "bootstrap", "logits")
 HEARTBEAT_S = 1.0
 """How often an actor waiting for a credit asks for parameters, which tells the learner it lives."""
 SILENCE_S = 60.0
-"""Seconds without a word after which either end takes the other for gone."""
+"""Seconds without a word after which either end takes the other for gone; also how long an actor
+may hold a credit without sending an unroll before the learner takes it back."""
 MAX_REASON_CHARS = 1000
 MAX_ENV_CHARS = 256
 MAX_HEADER_BYTES = 1 << 16
@@ -224,7 +229,11 @@ class LearnerEnd:
     ``unroll`` is ``unroll_specs``' answer for this learner's unrolls, ``welcome`` what each actor is
     told when it joins (``params``, ``n_steps``, ``num_envs``, ``gamma``), ``seed_of(actor)`` the seed
     of its envs, and ``env`` the env id an actor must play to be admitted. ``curve``: (the learner's
-    secret key file, the directory of admitted actors' public keys), as a broker's."""
+    secret key file, the directory of admitted actors' public keys), as a broker's; an actor's
+    routing id is then bound to the key it joined with. ``max_actors``: how many actors it admits
+    (default ``capacity``: more than the queue holds unrolls could never all hold a credit at once);
+    a JOIN past them is answered STOP and counted in ``refused_joins``. Credits taken back from
+    actors that held them ``silence_s`` without sending an unroll are counted in ``reclaimed``."""
 
     def __init__(
         self,
@@ -236,14 +245,18 @@ class LearnerEnd:
         seed_of: Callable[[int], int],
         curve: tuple | None = None,
         silence_s: float = SILENCE_S,
+        max_actors: int | None = None,
     ):
         self.env, self.capacity, self.seed_of, self.silence_s = env, capacity, seed_of, silence_s
+        self.max_actors = capacity if max_actors is None else max_actors
         self.welcome = dict(welcome)
         self.expected = {UNROLL: dict(unroll)}
         self.unrolls: deque[Trajectory] = deque()
         self.failures: list[str] = []
         self.bad_messages = 0
         self.joined = 0
+        self.refused_joins = 0
+        self.reclaimed = 0
         self._ready = threading.Condition()
         self._params: tuple[int, np.ndarray] | None = None
         self._actors: dict[bytes, int] = {}
@@ -251,10 +264,18 @@ class LearnerEnd:
         self._credits: dict[bytes, int] = {}
         """Credits granted to each actor and not yet spent on an unroll."""
         self._heard: dict[bytes, float] = {}
+        self._keys: dict[bytes, str | None] = {}
+        """The CURVE public key each actor joined with (None without CURVE)."""
+        self._owing: dict[bytes, float] = {}
+        """Since when each actor holding credits has held them without sending an unroll."""
+        self._benched: set[bytes] = set()
+        """Actors whose credits were taken back: they come after the others for new ones until they
+        send an unroll."""
         self._curve = keys.CurveServer(*curve) if curve is not None else None
         self._ctx = self._curve.context if self._curve else zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting actor's new connection takes its route
         unroll_bytes = sum(math.prod(shape) * np.dtype(dtype).itemsize for dtype, shape in unroll.values())
         self._sock.setsockopt(zmq.MAXMSGSIZE, unroll_bytes + MAX_HEADER_BYTES)  # a larger frame drops its sender
         if self._curve is not None:
@@ -333,8 +354,10 @@ class LearnerEnd:
                 while self._sock.poll(0):
                     frames = self._sock.recv_multipart(copy=False)
                     self._receive(frames[0].bytes, frames[1:])
-                self._grant()
-                self._check_silence()
+                now = time.monotonic()
+                self._reclaim(now)
+                self._grant(now)
+                self._check_silence(now)
             for identity in self._actors:
                 self._send(identity, STOP, {"reason": "the learner is done"})
         except zmq.ZMQError as err:  # the socket failed under us: say so where the learner looks
@@ -350,10 +373,14 @@ class LearnerEnd:
         except WireError as err:
             self._refuse(identity, err)
             return
-        if cmd == JOIN:
-            self._join(identity, header)
-            return
+        key = frames[0].get("User-Id") if self._curve is not None else None  # set by the ZAP handler
         actor = self._actors.get(identity)
+        if actor is not None and key != self._keys[identity]:  # a peer that knows another's routing id
+            self._refuse(identity, WireError(f"{cmd} for actor-{actor} from a key other than the one it joined with"))
+            return
+        if cmd == JOIN:
+            self._join(identity, header, key)
+            return
         if actor is None or cmd not in (UNROLL, FETCH, FAILED):
             self._refuse(
                 identity, WireError(f"{cmd} from {'an actor that never joined' if actor is None else 'an actor'}")
@@ -368,19 +395,31 @@ class LearnerEnd:
             self._refuse(identity, WireError(f"actor-{actor} sent an UNROLL without a credit"))
         else:
             self._credits[identity] -= 1
+            self._benched.discard(identity)
+            if self._credits[identity]:
+                self._owing[identity] = time.monotonic()
+            else:
+                self._owing.pop(identity, None)
             episodes = [(float(r), int(n)) for r, n in header["episodes"]]
             with self._ready:
                 self.unrolls.append(Trajectory(actor, header["index"], header["version"], arrays, episodes))
                 self._ready.notify_all()
 
-    def _join(self, identity: bytes, header: dict) -> None:
+    def _join(self, identity: bytes, header: dict, key: str | None) -> None:
         if header["env"] != self.env:
             self._send(identity, STOP, {"reason": f"this learner trains on {self.env}, not {header['env']}"})
             return
         actor = self._actors.get(identity)
+        if actor is None and len(self._actors) >= self.max_actors:
+            self.refused_joins += 1
+            reason = f"this learner admits at most {self.max_actors} actors, and has them"
+            self._send(identity, STOP, {"reason": reason})
+            self._warn(self.refused_joins, f"refused a JOIN: {reason}")
+            return
         if actor is None:
             actor = self._actors[identity] = self.joined
             self._credits[identity] = 0
+            self._keys[identity] = key
             self.joined += 1
         self._heard[identity] = time.monotonic()
         self._send(identity, WELCOME, {"actor": actor, "seed": self.seed_of(actor), **self.welcome})
@@ -392,20 +431,39 @@ class LearnerEnd:
         else:
             self._send(identity, PARAMS, {"version": posted[0]}, {"params": posted[1]})
 
-    def _grant(self) -> None:
-        """Share the free room among the actors, one credit at a time to whoever holds fewest."""
+    def _grant(self, now: float) -> None:
+        """Share the free room among the actors, one credit at a time to whoever holds fewest; a
+        benched actor counts one more than it holds, so it never takes a credit from one with none."""
         free = self.capacity - len(self.unrolls) - sum(self._credits.values())
         grants = dict.fromkeys(self._credits, 0)
         for _ in range(max(free, 0) if grants else 0):
-            fewest = min(grants, key=lambda i: self._credits[i] + grants[i])
+            fewest = min(grants, key=lambda i: self._credits[i] + grants[i] + (i in self._benched))
             grants[fewest] += 1
         for identity, n in grants.items():
             if n:
                 self._credits[identity] += n
+                self._owing.setdefault(identity, now)
                 self._send(identity, CREDIT, {"n": n})
 
-    def _check_silence(self) -> None:
-        now = time.monotonic()
+    def _reclaim(self, now: float) -> None:
+        """Take back the credits of actors that held them ``silence_s`` without sending an unroll:
+        an actor spends one per unroll, which takes less (or it would be silent that long), so these
+        are a hung or hostile peer's, or CREDITs lost with a broken connection."""
+        for identity, since in list(self._owing.items()):
+            if now - since > self.silence_s:
+                n, self._credits[identity] = self._credits[identity], 0
+                del self._owing[identity]
+                self._benched.add(identity)
+                self.reclaimed += n
+                log.warning(
+                    "actor-%d held %d credit(s) for %g s without sending an unroll: taken back (%d so far)",
+                    self._actors[identity],
+                    n,
+                    self.silence_s,
+                    self.reclaimed,
+                )
+
+    def _check_silence(self, now: float) -> None:
         for identity, heard in list(self._heard.items()):
             if now - heard > self.silence_s:
                 self._fail(
@@ -421,11 +479,14 @@ class LearnerEnd:
 
     def _refuse(self, identity: bytes, err: WireError) -> None:
         self.bad_messages += 1
-        if self.bad_messages <= REFUSED_SHOWN:
+        self._warn(self.bad_messages, f"dropped a message ({err})")
+
+    @staticmethod
+    def _warn(count: int, what: str) -> None:
+        """Log the first REFUSED_SHOWN of a kind of refusal, ``count`` being this one's number."""
+        if count <= REFUSED_SHOWN:
             log.warning(
-                "actors' socket: dropped a message (%s)%s",
-                err,
-                "" if self.bad_messages < REFUSED_SHOWN else "; further ones are only counted",
+                "actors' socket: %s%s", what, "" if count < REFUSED_SHOWN else "; further ones are only counted"
             )
 
     def _send(self, identity: bytes, cmd: str, fields: Mapping[str, Any], arrays=None) -> None:
@@ -456,6 +517,9 @@ class ActorEnd:
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self.routing_id = uuid.uuid4().hex.encode()
+        """This actor's name at its learner for its life: a reconnection keeps its number and credits."""
+        self._sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
         self._sock.setsockopt(zmq.SNDTIMEO, int(silence_s * 1000))  # a DEALER with no connection blocks a send
         for option, value in (keys.client_options(*curve) if curve else {}).items():
             self._sock.setsockopt(option, value)

@@ -163,6 +163,9 @@ class ActorProcesses:
             capacity=hp.queue_size,
             seed_of=lambda actor: self.seed + actor * hp.num_envs,  # no two actors play the same episodes
             curve=self.curve,
+            # its own, and with --actors-bind as many from other hosts as the queue has room for unrolls:
+            # more could never all hold a credit at once
+            max_actors=hp.actors_per_agent + (hp.queue_size if self.hp.actors_bind is not None else 0),
         )
         if self.hp.actors_bind is not None:
             print(

@@ -119,8 +119,9 @@ class ImpalaConfig:
     the learner's process handing them over through an in-process queue (docs/algorithm.md, IMPALA)."""
     actors_bind: str | None = field(default=None, metadata={"may_change_on_resume": True})
     """With --actor-placement process: the endpoint (tcp://HOST:PORT) where actors from other hosts
-    join this learner with `gossiprl actor --connect`, beside its own --actors-per-agent; a port of *
-    picks a free one (printed). None: a private ipc:// socket for the learner's own actors only."""
+    join this learner with `gossiprl actor --connect`, beside its own --actors-per-agent (at most
+    --queue-size of them: more could never all hold a credit at once); a port of * picks a free one
+    (printed). None: a private ipc:// socket for the learner's own actors only."""
     actors_curve_secret: Path | None = field(default=None, metadata={"path": KEY_FILE, "may_change_on_resume": True})
     """The learner's CURVE secret key for --actors-bind (NAME.key_secret from `gossiprl keys generate`):
     required on an address other hosts can reach."""

@@ -1,13 +1,16 @@
 """IMPALA's channel between a learner and its actor processes (gossiprl.comms.trajectories), with
-actors played by this test: the schema, the credits, the order, bad messages and failed actors."""
+actors played by this test: the schema, the credits, the order, bad messages, failed actors, and the hostile or
+unlucky peer: joins past the bound, credits hoarded, a reconnection, a routing id stolen."""
 
 import re
+import socket
 import threading
 import time
 
 import msgpack
 import numpy as np
 import pytest
+import zmq
 
 from gossiprl.comms import keys
 from gossiprl.comms import trajectories as tj
@@ -22,7 +25,7 @@ WELCOME = {"params": PARAMS, "n_steps": T, "num_envs": N, "gamma": 0.99}
 def learner(tmp_path):
     ends = []
 
-    def make(capacity=3, silence_s=tj.SILENCE_S):
+    def make(capacity=3, silence_s=tj.SILENCE_S, **options):
         end = tj.LearnerEnd(
             f"ipc://{tmp_path}/t{len(ends)}",
             "CartPole-v1",
@@ -31,6 +34,7 @@ def learner(tmp_path):
             capacity,
             lambda a: 100 + a,
             silence_s=silence_s,
+            **options,
         )
         ends.append(end)
         return end
@@ -262,11 +266,10 @@ def test_a_stopped_learner_tells_its_actors(learner, actor_of):
     assert actor.wait_for_credit() is False and actor.stopped == "the learner is done"
 
 
-def test_with_curve_keys_only_admitted_actors_join(tmp_path):
+def curve_learner(tmp_path) -> tj.LearnerEnd:
+    """A learner on tcp with CURVE keys, admitting the actors whose keys are in tmp_path/allowed."""
     keys.generate(tmp_path / "learner", "learner")
-    keys.generate(tmp_path / "allowed", "actor")
-    keys.generate(tmp_path / "other", "stranger")
-    end = tj.LearnerEnd(
+    return tj.LearnerEnd(
         "tcp://127.0.0.1:*",
         "CartPole-v1",
         SPECS,
@@ -275,6 +278,12 @@ def test_with_curve_keys_only_admitted_actors_join(tmp_path):
         lambda a: a,
         curve=(tmp_path / "learner" / "learner.key_secret", tmp_path / "allowed"),
     )
+
+
+def test_with_curve_keys_only_admitted_actors_join(tmp_path):
+    keys.generate(tmp_path / "allowed", "actor")
+    keys.generate(tmp_path / "other", "stranger")
+    end = curve_learner(tmp_path)
     admitted = tj.ActorEnd(
         end.endpoint, curve=(tmp_path / "allowed" / "actor.key_secret", tmp_path / "learner" / "learner.key")
     )
@@ -290,3 +299,140 @@ def test_with_curve_keys_only_admitted_actors_join(tmp_path):
         assert end.joined == 1
     finally:
         admitted.close(), stranger.close(), end.close()
+
+
+def test_joins_past_the_learners_bound_are_refused_and_counted(learner, actor_of):
+    """Every routing identity that joins is kept and may take credits: without a bound, anyone
+    who can reach the socket could join as many as it likes."""
+    end = learner(capacity=2)  # by default, a learner admits as many actors as its queue holds unrolls
+    actor_of(end), actor_of(end)
+    with pytest.raises(tj.LearnerGone, match="refused this actor: this learner admits at most 2 actors"):
+        actor_of(end)
+    assert end.joined == 2 and end.refused_joins == 1
+
+
+@pytest.mark.parametrize("capacity, max_actors", [(3, None), (2, 3)])
+def test_actors_that_hoard_credits_lose_them_and_cannot_starve_the_queue(learner, actor_of, capacity, max_actors):
+    """Two joined peers that heartbeat (FETCH) but never send an unroll take every credit the
+    queue has; an honest actor that joins after them still gets credits and delivers. With as many
+    hoarders as credits, it is served first once they lose theirs, not after them again."""
+    end = learner(capacity=capacity, silence_s=1.5, **({} if max_actors is None else {"max_actors": max_actors}))
+    hoarders, done = [actor_of(end), actor_of(end)], threading.Event()
+
+    def heartbeat(hoarder):
+        into = np.zeros(PARAMS, np.float32)
+        while not done.is_set():
+            hoarder.fetch(into, -1)
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=heartbeat, args=(h,), daemon=True) for h in hoarders]
+    for thread in threads:
+        thread.start()
+    honest, stop = actor_of(end), threading.Event()
+    timer = threading.Timer(8, stop.set)
+    timer.start()
+    try:
+        assert honest.wait_for_credit(stop), "the hoarders kept every credit"
+        honest.send_unroll(0, 0, unroll(4), [])
+        got = take_all(end, 1)
+        assert [(t.actor, t.index) for t in got] == [(2, 0)]
+        assert end.reclaimed == capacity and end.failures == []
+    finally:
+        timer.cancel(), done.set()
+        for thread in threads:
+            thread.join(5)
+
+
+class Relay:
+    """A TCP relay in front of a learner whose actors' side can be cut, as a dropped network path
+    is: the learner's side of a cut connection stays open, so its ROUTER has not noticed yet."""
+
+    def __init__(self, endpoint: str):
+        self.target = int(endpoint.rsplit(":", 1)[1])
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.actor_sides, self.learner_sides = [], []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                near, _ = self.listener.accept()
+            except OSError:
+                return
+            far = socket.create_connection(("127.0.0.1", self.target))
+            self.learner_sides.append(far)
+            self.actor_sides.append(near)
+            for source, sink in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source, sink):
+        try:
+            while data := source.recv(1 << 16):
+                sink.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self):
+        for near in self.actor_sides:
+            near.shutdown(socket.SHUT_RDWR)
+            near.close()
+
+    def close(self):
+        self.listener.close()
+        for conn in self.actor_sides + self.learner_sides:
+            conn.close()
+
+
+def test_an_actor_that_reconnects_keeps_its_identity_and_credits():
+    end = tj.LearnerEnd("tcp://127.0.0.1:*", "CartPole-v1", SPECS, WELCOME, 2, lambda a: a)
+    relay = Relay(end.endpoint)
+    actor = tj.ActorEnd(relay.endpoint, silence_s=5)
+    actor.expect_params(PARAMS)
+    try:
+        assert actor.join("CartPole-v1")["actor"] == 0
+        assert actor.wait_for_credit()
+        actor.send_unroll(0, 0, unroll(0), [])
+        assert [t.index for t in take_all(end, 1)] == [0]
+        deadline = time.monotonic() + 5
+        while actor.credits < 2 and time.monotonic() < deadline:  # the credit the take freed
+            actor._receive(None, 0.1)
+        relay.cut()
+        while len(relay.actor_sides) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(relay.actor_sides) == 2, "the actor did not reconnect"
+        actor.send_unroll(1, 0, unroll(1), [])
+        actor.send_unroll(2, 0, unroll(2), [])
+        got = take_all(end, 2, timeout=5)
+        assert [(t.actor, t.index) for t in got] == [(0, 1), (0, 2)] and end.bad_messages == 0
+        end.publish(np.full(PARAMS, 3, np.float32), 1)  # the learner's answers reach the new connection
+        into = np.zeros(PARAMS, np.float32)
+        assert actor.fetch(into, -1) == 1 and (into == 3).all()
+    finally:
+        actor.close(), end.close(), relay.close()
+
+
+def test_with_curve_keys_a_routing_id_is_bound_to_the_key_that_joined_with_it(tmp_path):
+    """An admitted peer that learned another actor's routing id can take over its route (the ROUTER
+    hands routes over), but not spend its credits: what it sends as that actor is dropped."""
+    for name in ("actor", "thief"):
+        keys.generate(tmp_path / "allowed", name)
+    end = curve_learner(tmp_path)
+    learner_key = tmp_path / "learner" / "learner.key"
+    victim = tj.ActorEnd(end.endpoint, curve=(tmp_path / "allowed" / "actor.key_secret", learner_key))
+    thief = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        assert victim.join("CartPole-v1")["actor"] == 0 and victim.wait_for_credit()
+        for option, value in keys.client_options(tmp_path / "allowed" / "thief.key_secret", learner_key).items():
+            thief.setsockopt(option, value)
+        thief.setsockopt(zmq.ROUTING_ID, victim.routing_id)
+        thief.setsockopt(zmq.LINGER, 0)
+        thief.connect(end.endpoint)
+        thief.send_multipart(tj.encode(tj.UNROLL, {"index": 0, "version": 0, "episodes": []}, unroll(9)))
+        deadline = time.monotonic() + 5
+        while end.bad_messages < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert end.bad_messages == 1 and end.depth() == 0 and end.failures == []
+    finally:
+        thief.close(), victim.close(), end.close()
