@@ -25,9 +25,10 @@ from dataclasses import replace
 from .train import STARTUP_ALLOWANCES, swarm_row
 
 PROCESS_START_S = 15.0
-"""Seconds of start-up a row allows each actor process (a torch import and its envs) on top of each
-of the agents' allowances (``train.STARTUP_ALLOWANCES``): on the loaded 2-core VM, 8 of them had
-not all started 100 s after launch."""
+"""Seconds of start-up a row allows each actor process (its envs, and a torch import where actors
+cannot fork from a forkserver) on top of each of the agents' allowances
+(``train.STARTUP_ALLOWANCES``): on the loaded 2-core VM, 8 spawned actors had not all started 100 s
+after launch."""
 
 
 def run(env_id: str, seconds: float, actor_counts=(1, 4, 8), device: str = "cpu", echo=print) -> dict:
