@@ -166,8 +166,8 @@ def run_study(
                 continue
             # a row from another loop version, env or settings is not this cell's result
             echo(f"[{k}/{len(cells)}] {cell.setting}, seed {cell.seed}: row from an older loop or other settings")
-        if (shared / f"{fingerprint}.json").exists():
-            row = {**json.loads((shared / f"{fingerprint}.json").read_text()), "setting": cell.setting, **cell.labels}
+        row = shared_row(cell, shared, fingerprint)
+        if row is not None:
             shutil.copyfile(shared / f"{fingerprint}.csv", out / "curves" / f"{cell.key}.csv")
             note = " (same run as in another study, reused)"
         else:
@@ -178,6 +178,15 @@ def run_study(
         _write_json(row_path, row)
         echo(f"[{k}/{len(cells)}] {describe(row)}{note}")
     return load_rows(out, cells)
+
+
+def shared_row(cell: Cell, shared: Path, fingerprint: str) -> dict | None:
+    """The row the shared cache holds for the run ``fingerprint`` names, as ``cell``'s (its setting
+    and labels: the same run is another setting in each study that has it); None where it holds none."""
+    path = Path(shared) / f"{fingerprint}.json"
+    if not path.exists():
+        return None
+    return {**json.loads(path.read_text()), "setting": cell.setting, **cell.labels}
 
 
 def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:

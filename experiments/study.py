@@ -139,10 +139,15 @@ def command(study: Study) -> click.Command:
             f"{frames:,} frames each on {env_id} -> {out}"
         )
         cells = run_now(cells, max_agents, max_frames_per_agent)
-        rows = run_study(cells, out, env_id, threshold, eval_episodes or (3 if quick else 10), echo=click.echo)
+        rows = run_study(cells, out, env_id, threshold, eval_episodes or default_eval_episodes(quick), echo=click.echo)
         finish(study, out, rows, settings, env_id, threshold)
 
     return main
+
+
+def default_eval_episodes(quick: bool) -> int:
+    """Episodes each final policy is played for when --eval-episodes is not given."""
+    return 3 if quick else 10
 
 
 def run_now(cells: list[Cell], max_agents: int | None, max_frames_per_agent: int | None) -> list[Cell]:
