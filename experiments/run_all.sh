@@ -13,6 +13,7 @@ run swarm_vs_one --env MinAtar/SpaceInvaders-v1 --frames 1000000 --seeds 1,2,3,4
 run baselines --out experiments/results/baselines
 run baselines --env MinAtar/SpaceInvaders-v1 --out experiments/results/baselines-spaceinvaders
 run learners --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/learners
+run table1 --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/table1
 run ordering_ablation --out experiments/results/ordering_ablation
 run scaling --max-agents 8 --out experiments/results/scaling
 run topology_ablation --max-agents 4 --out experiments/results/topology_ablation

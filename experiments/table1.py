@@ -1,0 +1,86 @@
+"""PALA's Table 1 on MinAtar Breakout: A2C, PALA-A2C, GALA-A2C, PPO and IMPALA at one frame budget.
+
+PALA's Table 1 sets each method's score at a fixed budget of frames side by side. Here every
+agent gets ``--frames`` (a ring of 4 trains 4x as many in all), and the arms are:
+
+* ``A2C, 1 agent`` and ``PALA-A2C, sync ring of 4``: swarm_vs_one's "1 agent" and "ring of 4",
+  `gossiprl run`'s defaults (the ring: PALA's turn locks, blocking gossip);
+* ``GALA-A2C, async ring of 4``: the same ring in async mode, which is GALA's gossip buffer
+  (facebookresearch/gala ``GossipBuffer``): a writer skips an out-peer whose last letter is
+  still unread, a reader mixes in what is there and trains on otherwise. Its staleness is left
+  unbounded (no ``max_staleness``), as GALA's README runs it (``--sync-freq 100000000``). Gossip
+  stays on the learner's thread (no ``gossip_overlap``): GALA's learner writes and aggregates
+  in its own loop, and its non-blocking is the skipping, which async mode does; the overlap
+  would also add a round of delay and scale the learning rate, so the arm would differ from
+  PALA-A2C in more than the ordering. The learning rate is A2C's default in every A2C arm
+  (GALA's README doubles it for 4 learners; experiments/swarm_learning measures that apart);
+* ``PPO, 1 agent`` and ``IMPALA, 1 agent``: experiments/learners' cells of the same names.
+
+Every cell but GALA-A2C's is taken from the study it belongs to (``build`` calls theirs and
+renames the cells), so its fingerprint is theirs and a cell either study finished is reused from
+the shared cache instead of being run again (tests/unit/experiments/test_table1.py checks it).
+RESULTS.md's "Table 1 on MinAtar" section sets the arms beside Stable-Baselines3's A2C and PPO,
+the MinAtar paper's published AC(λ) and the untrained policy.
+
+    python -m experiments.table1 --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/table1
+    python -m experiments.table1 --quick
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from experiments import learners, swarm_vs_one
+from experiments.common import Cell
+from experiments.study import Study, command
+
+GALA = "GALA-A2C, async ring of 4"
+PALA = "PALA-A2C, sync ring of 4"
+SOURCES = {
+    "A2C, 1 agent": (swarm_vs_one, "1 agent"),
+    PALA: (swarm_vs_one, "ring of 4"),
+    GALA: (swarm_vs_one, "ring of 4"),
+    "PPO, 1 agent": (learners, "PPO, 1 agent"),
+    "IMPALA, 1 agent": (learners, "IMPALA, 1 agent"),
+}
+"""setting: (the study whose cell it is, that cell's setting there); GALA-A2C is that cell in async mode."""
+
+FRAMES = 1_000_000
+SEEDS = [1, 2, 3, 4, 5]
+COMMAND = (
+    f"python -m experiments.table1 --frames {FRAMES} --seeds {','.join(map(str, SEEDS))} "
+    "--out experiments/results/table1"
+)
+"""The run RESULTS.md's Table 1 plans (experiments/run_all.sh runs it): the budget of PALA's
+comparison scaled to MinAtar, and the seeds of the studies it shares cells with."""
+
+
+def build(quick: bool, frames_per_agent: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:
+    built = {
+        study: {(c.setting, c.seed): c for c in study.build(quick, frames_per_agent, seeds)[0]}
+        for study in {study for study, _ in SOURCES.values()}
+    }
+    cells = []
+    for setting, (study, source) in SOURCES.items():
+        for seed in seeds:
+            cell = replace(built[study][source, seed], setting=setting)
+            if setting == GALA:
+                cell = replace(cell, swarm=replace(cell.swarm, mode="async", max_staleness=None))
+            cells.append(replace(cell, labels={**cell.labels, "mode": cell.swarm.mode if cell.agents > 1 else "none"}))
+    return cells, list(SOURCES)
+
+
+STUDY = Study(
+    "table1",
+    "PALA's Table 1 on MinAtar",
+    "at one frame budget per agent, how do A2C, PALA-A2C (sync ring), GALA-A2C (async ring), PPO and IMPALA score?",
+    build,
+    real_frames=FRAMES,
+    quick_frames=4_000,
+    quick_settings=3,
+    frames_per_agent=True,
+)
+main = command(STUDY)
+
+if __name__ == "__main__":
+    main()
