@@ -5,7 +5,9 @@ For each study it rebuilds results.csv, summary.csv and figure.png from whatever
 (a study cut short is reported with the cells it is missing), then writes the question, the
 setup, the untrained policy's score, the table, the figure and what the data says: each paper's
 claim judged on its own axis by the interval estimates of experiments/stats.py, as
-experiments/claims.py says.
+experiments/claims.py says. PALA's Table 1 (experiments/table1) gets one table of every arm beside
+Stable-Baselines3 and the published figure, its cells read from the shared cell cache where
+another study ran them, so the arms that study shares show before the table is run.
 
     python -m experiments.make_results [--results experiments/results] [--output experiments/RESULTS.md]
 """
@@ -22,10 +24,20 @@ from pathlib import Path
 import click
 import numpy as np
 
-from experiments import claims, stats
-from experiments.common import aggregate, cell_key, ci95, load_rows, read_curves, score_bounds
+from experiments import claims, stats, table1
+from experiments.common import (
+    REAL_ENV,
+    aggregate,
+    cell_fingerprint,
+    cell_key,
+    ci95,
+    load_rows,
+    read_curves,
+    score_bounds,
+    shared_row,
+)
 from experiments.figures import reference_figure
-from experiments.study import METRICS, RESULTS, finish, planned_cells
+from experiments.study import METRICS, RESULTS, default_eval_episodes, finish, planned_cells
 from experiments.untrained import untrained_score, untrained_text
 
 STUDIES = [
@@ -393,6 +405,108 @@ def reference_lines(references: list[str], scores: dict[str, np.ndarray], frames
     )
 
 
+def table1_section(results: Path) -> list[str]:
+    """PALA's Table 1 shape: one row per experiments/table1 arm at its frames per agent, beside
+    SB3's A2C and PPO at the same frames, the MinAtar paper's figure and the untrained policy.
+
+    A planned cell is read from the study's dir, else from the shared cache, which holds it when
+    another study ran the same configuration (the study itself would reuse that run)."""
+    out = results / "table1"
+    meta = json.loads((out / "study.json").read_text()) if (out / "study.json").exists() else {}
+    env, frames, quick = meta.get("env", REAL_ENV), meta.get("frames_per_cell", table1.FRAMES), meta.get("quick", False)
+    command = meta.get("command", table1.COMMAND).strip()
+    cells, settings = planned_cells(table1.STUDY, quick, frames, meta.get("seeds", table1.SEEDS))
+    finished = {cell_key(r["setting"], r["seed"]): r for r in load_rows(out, cells)}
+    from_cache = 0
+    for c in cells:
+        if c.key not in finished:
+            row = shared_row(c, results / "_shared", cell_fingerprint(c, env, default_eval_episodes(quick)))
+            if row is not None:
+                finished[c.key], from_cache = row, from_cache + 1
+    rows = list(finished.values())
+    references = reference_rows(results, env, frames)
+    lines = [
+        f"## {table1.STUDY.title}",
+        "",
+        f"**Question.** {table1.STUDY.question[0].upper()}{table1.STUDY.question[1:]}",
+        "",
+    ]
+    if not rows:
+        return lines + [
+            f"**Not run**: no cell of it in this checkout or its shared cell cache; `{command}` runs it.",
+            "",
+        ]
+    bounds, bounds_said = score_bounds(env, rows + [r for _, mine in references for r in mine])
+    lines += [
+        f"**Setup.** `{command}` — {env}, {frames:,} frames for each agent (a ring of 4 trains 4x as many in all); "
+        f"{len(rows)} of {len(cells)} cells finished, {from_cache} of them read from the shared cell cache (the same "
+        "configuration and seed run by swarm_vs_one or learners, which this study reuses rather than runs again). "
+        "PALA-A2C is `gossiprl run`'s ring (turn locks, blocking gossip); GALA-A2C is the same ring in async mode "
+        "(GALA's gossip buffer: skip an unread slot, mix what is there, unbounded staleness); why: "
+        "experiments/table1.py.",
+        "",
+        "| method | agents | frames per agent | seeds | IQM of each agent's last-100 [95 % bootstrap] |",
+        "|---|---|---|---|---|",
+    ]
+    missing = []
+    for setting in settings:
+        mine = [c for c in cells if c.setting == setting]
+        done = [r for r in rows if r["setting"] == setting]
+        gone = [c.seed for c in mine if c.key not in finished]
+        if gone:
+            missing.append(f"{setting} seed(s) {', '.join(map(str, gone))}")
+        lines.append(f"| {setting} | {mine[0].agents} | {frames:,} | {len(done)} | {iqm_text(done, bounds)} |")
+    for setting, mine in references:
+        lines.append(
+            f"| {setting} (experiments/baselines.py) | 1 | {frames:,} | {len(mine)} | {iqm_text(mine, bounds)} |"
+        )
+    for name, at, low, high in PUBLISHED.get(env, []):
+        if at == frames:
+            lines.append(
+                f"| {name}, published (Young & Tian 2019, read off its curves) | 1 | {at:,} | n/a | "
+                f"about {low:g}{f'-{high:g}' if high != low else ''} |"
+            )
+    untrained = untrained_score(env)
+    if untrained:
+        lines.append(
+            f"| untrained policy | 1 | 0 | {untrained['seeds']} | {untrained['mean']:.2f} (seeds' means "
+            f"{untrained['low']:.2f}-{untrained['high']:.2f}) |"
+        )
+    lines += [
+        "",
+        "Score: each agent's own mean return over its last 100 training episodes; IQM over every agent of every "
+        "seed, whole seeds resampled for the interval (none with fewer than "
+        f"{stats.MIN_RUNS} seeds), cut to the score's range, {bounds_said}. The untrained row is the initial "
+        "network played as final policies are (experiments/untrained.py). These intervals are each arm's own; "
+        "whether two overlap is not a comparison (the swarm_vs_one and learners sections compare arms by P(X > Y)).",
+        "",
+    ]
+    if any(at == frames for _, at, _, _ in PUBLISHED.get(env, [])):
+        lines += [f"**Published.** {MINATAR_PAPER}; its AC(λ) is an online actor-critic, not A2C.", ""]
+    if missing:
+        lines += [f"**Missing cells**: {'; '.join(missing)}. They run with `{command}` (finished cells are kept).", ""]
+    return lines
+
+
+def reference_rows(results: Path, env: str, frames: int) -> list[tuple[str, list[dict]]]:
+    """(setting, its rows) of every experiments/baselines.py run on ``env`` at ``frames`` frames."""
+    references = []
+    for folder in sorted(results.glob("baselines*")):
+        meta = json.loads((folder / "study.json").read_text()) if (folder / "study.json").exists() else {}
+        if meta.get("env") == env and meta.get("frames_per_cell") == frames:
+            rows = load_rows(folder)
+            references += [(s, [r for r in rows if r["setting"] == s]) for s in meta["settings"]]
+    return references
+
+
+def iqm_text(rows: list[dict], bounds: tuple[float, float]) -> str:
+    """IQM of every agent's own last-100 score over ``rows`` (one seed each) with its interval, or 'not run'."""
+    if not rows:
+        return "not run"
+    scores = np.array([r["per_agent_last100"] for r in rows], dtype=float)
+    return claims.interval_text(stats.iqm_interval([scores]).clipped(bounds))
+
+
 def budget_lines(results: Path) -> list[str]:
     """The budget actually spent, from the shared cells (each real run counted once)."""
     rows = [json.loads(p.read_text()) for p in sorted((results / "_shared").glob("*.json"))]
@@ -510,6 +624,7 @@ def main(results, output):
     for name in STUDIES:
         lines += study_section(name, results)
     lines += across_games_lines(results)
+    lines += table1_section(results)
     lines += baselines_sections(results)
     lines += readme_seeds_section(results)
     output.write_text("\n".join(lines))

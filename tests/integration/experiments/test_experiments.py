@@ -20,6 +20,7 @@ from experiments import (
     ordering_ablation,
     scaling,
     swarm_vs_one,
+    table1,
     topology_ablation,
 )
 from experiments.common import ci95, swarm_curve
@@ -128,6 +129,26 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
     # one seed per arm decides no claim, and no seed count is written by hand
     assert "**cannot decide** it: fewer than 3 seeds" in text and "This data **supports**" not in text
     assert "(1 and 1 seeds)" in text and "with 3 seeds" not in text
+
+
+@pytest.mark.timeout(200)
+def test_table1_quick_reuses_swarm_vs_ones_cells_and_runs_only_the_async_ring(results):
+    """After the test above ran swarm_vs_one --quick into the same results: Table 1's A2C and
+    PALA-A2C arms are those runs, so only GALA-A2C's ring trains."""
+    out = results / "table1"
+    first = run_quick(table1, out)
+    assert first.count("(same run as in another study, reused)") == 2
+    rows = {json.loads(p.read_text())["setting"]: json.loads(p.read_text()) for p in (out / "cells").glob("*.json")}
+    assert set(rows) == {"A2C, 1 agent", table1.PALA, table1.GALA}
+    ring = json.loads((results / "swarm_vs_one" / "cells" / "ring-of-4__seed1.json").read_text())
+    assert rows[table1.PALA]["per_agent_last100"] == ring["per_agent_last100"]
+    gala = rows[table1.GALA]
+    assert gala["mode"] == "async" and gala["frames"] >= 4 * (int(FRAMES) - 80) and gala["gossip_share"] > 0
+    assert run_quick(table1, out).count("done before, kept") == 3
+
+    text = "\n".join(make_results.table1_section(results))
+    assert f"| {table1.GALA} | 4 | {int(FRAMES):,} | 1 |" in text and "Missing cells" not in text
+    assert "3 of 3 cells finished, 0 of them read from the shared cell cache" in text
 
 
 def test_study_help_runs_as_a_script():

@@ -1,0 +1,75 @@
+"""Table 1's arms are the cells other studies already run, so the shared cache serves them instead
+of a second run; and RESULTS.md's Table 1 section reads them from there and names what is missing."""
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from experiments import learners, make_results, swarm_vs_one, table1
+from experiments.common import QUICK_ENV, REAL_ENV, cell_fingerprint
+
+SAME_RUN = {
+    "A2C, 1 agent": (swarm_vs_one, "1 agent"),
+    "PALA-A2C, sync ring of 4": (swarm_vs_one, "ring of 4"),
+    "PPO, 1 agent": (learners, "PPO, 1 agent"),
+    "IMPALA, 1 agent": (learners, "IMPALA, 1 agent"),
+}
+"""Written out here rather than read from table1.SOURCES, so a change of that mapping fails here."""
+
+
+def fingerprints(study, quick: bool, frames: int, seeds: list[int], env: str, episodes: int) -> dict:
+    cells, _ = study.build(quick, frames, seeds)
+    return {(c.setting, c.seed): cell_fingerprint(c, env, episodes) for c in cells}
+
+
+@pytest.mark.parametrize(
+    ("quick", "frames", "env", "episodes"), [(False, 1_000_000, REAL_ENV, 10), (True, 8_000, QUICK_ENV, 3)]
+)
+def test_every_arm_another_study_runs_has_that_studys_fingerprint(quick, frames, env, episodes):
+    seeds = [1, 2, 3, 4, 5]
+    mine = fingerprints(table1, quick, frames, seeds, env, episodes)
+    assert {setting for setting, _ in mine} == {*SAME_RUN, table1.GALA}
+    for setting, (study, theirs) in SAME_RUN.items():
+        other = fingerprints(study, quick, frames, seeds, env, episodes)
+        assert [mine[setting, s] for s in seeds] == [other[theirs, s] for s in seeds], setting
+    every_other = {
+        fp for study in (swarm_vs_one, learners) for fp in fingerprints(study, quick, frames, seeds, env, episodes)
+    }
+    assert not {mine[table1.GALA, s] for s in seeds} & every_other
+
+
+def test_gala_is_palas_ring_in_async_mode_with_nothing_else_changed():
+    cells, _ = table1.build(False, 1_000_000, [1])
+    pala, gala = (next(c for c in cells if c.setting == s) for s in (table1.PALA, table1.GALA))
+    assert (pala.swarm.mode, gala.swarm.mode, gala.swarm.max_staleness) == ("sync", "async", None)
+    assert {k for k, v in asdict(gala.swarm).items() if asdict(pala.swarm)[k] != v} == {"mode"}
+    assert (gala.agent, gala.a2c, gala.total_frames, gala.agents) == (pala.agent, pala.a2c, 4_000_000, 4)
+
+
+def test_run_all_runs_the_command_results_md_plans():
+    run_all = (Path(table1.__file__).parent / "run_all.sh").read_text()
+    assert table1.COMMAND.replace("python -m experiments.", "run ") in run_all.splitlines()
+
+
+def test_table1_section_reads_cells_from_the_shared_cache_and_names_the_missing_ones(tmp_path):
+    """No table1 dir at all: the A2C cells another study ran are found by fingerprint in _shared."""
+    shared = tmp_path / "_shared"
+    shared.mkdir()
+    cells, _ = table1.build(False, table1.FRAMES, table1.SEEDS)
+    for cell in (c for c in cells if c.setting == "A2C, 1 agent"):
+        row = {"setting": "1 agent", "seed": cell.seed, "per_agent_last100": [float(cell.seed)]}
+        (shared / f"{cell_fingerprint(cell, REAL_ENV, 10)}.json").write_text(json.dumps(row))
+    text = "\n".join(make_results.table1_section(tmp_path))
+    # IQM of 1..5: the middle three, 3.00; the bootstrap's interval stays within the scores
+    assert "| A2C, 1 agent | 1 | 1,000,000 | 5 | 3.00 [" in text
+    assert "5 of 25 cells finished, 5 of them read from the shared cell cache" in text
+    assert f"| {table1.GALA} | 4 | 1,000,000 | 0 | not run |" in text
+    assert f"{table1.GALA} seed(s) 1, 2, 3, 4, 5" in text and f"They run with `{table1.COMMAND}`" in text
+    assert "| AC(λ), published" in text and "about 9-10" in text and "| untrained policy |" in text
+
+
+def test_table1_section_with_no_cell_anywhere_says_not_run_and_how_to_run_it(tmp_path):
+    text = "\n".join(make_results.table1_section(tmp_path))
+    assert "**Not run**" in text and f"`{table1.COMMAND}` runs it" in text and "| not run |" not in text
