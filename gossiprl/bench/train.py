@@ -70,11 +70,11 @@ def raw_ceiling(env_id: str, num_envs: int, seconds: float, threads: int = 0) ->
 
 @contextlib.contextmanager
 def busy_core():
-    """Another process spinning on one core for as long as the block runs."""
+    """Another process spinning on one core for as long as the block runs; yields its pid."""
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)  # let it take its core before anything is timed
-        yield
+        yield spinner.pid
     finally:
         spinner.kill()
         spinner.wait()
@@ -86,12 +86,14 @@ SAMPLE_S = 0.25
 
 class DescendantsCPU:
     """CPU seconds (user + system) of this process's descendants, sampled in a thread while the block
-    runs. This process itself is left out: it only launches the row and samples. Read from /proc:
-    where there is none (not Linux), ``works`` is False and nothing is sampled."""
+    runs. This process itself is left out: it only launches the row and samples; so is each process
+    in ``exclude`` (a busy-core spinner: the load, not the row's work), with its own descendants.
+    Read from /proc: where there is none (not Linux), ``works`` is False and nothing is sampled."""
 
     works = Path("/proc/self/stat").exists()
 
-    def __init__(self):
+    def __init__(self, exclude=()):
+        self.exclude = set(exclude)
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._tick = os.sysconf("SC_CLK_TCK")
@@ -122,11 +124,11 @@ class DescendantsCPU:
             pid = int(entry.name)
             children.setdefault(int(fields[1]), []).append(pid)
             cpu[pid] = (int(fields[11]) + int(fields[12])) / self._tick
-        total, todo = 0.0, list(children.get(os.getpid(), []))
+        total, todo = 0.0, [child for child in children.get(os.getpid(), []) if child not in self.exclude]
         while todo:
             pid = todo.pop()
             total += cpu.get(pid, 0.0)
-            todo += children.get(pid, [])
+            todo += [child for child in children.get(pid, []) if child not in self.exclude]
         return total
 
     def between(self, since: float, until: float) -> float | None:
@@ -146,14 +148,15 @@ swarm waiting for its slowest member) runs again with the next allowance rather 
 start-up as training."""
 
 
-def swarm_row(swarm, agent_cfg, seconds: float, allowances=STARTUP_ALLOWANCES) -> dict:
+def swarm_row(swarm, agent_cfg, seconds: float, allowances=STARTUP_ALLOWANCES, exclude=()) -> dict:
     """One real `gossiprl run` cut off after ``seconds`` of training; its steady-state figures, the
     CPU milliseconds per frame of every process it started over the agents' steady window (Linux:
-    None elsewhere, or when the window is too short to sample), and which try it took."""
+    None elsewhere, or when the window is too short to sample; ``exclude``: pids not to count, as
+    ``DescendantsCPU``'s), and which try it took."""
     tries = 0
     for allowance in allowances:
         tries += 1
-        with DescendantsCPU() as sampler:
+        with DescendantsCPU(exclude) as sampler:
             agents = _timed_run(replace(swarm, total_frames=10**12, max_seconds=seconds + allowance), agent_cfg)
         steady = all("steady_fps" in s for s in agents)
         if steady:
@@ -220,12 +223,13 @@ def run(
     add("minimal A2C loop", **lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
     one = SwarmConfig(agents=1, topology=None)
     add("one agent, default flags", **swarm_row(one, agent_cfg, seconds))
-    with busy_core():
+    with busy_core() as spinner:
         add("minimal A2C loop, one core busy", **lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
-        add("one agent, one core busy", **swarm_row(one, agent_cfg, seconds))
+        add("one agent, one core busy", **swarm_row(one, agent_cfg, seconds, exclude=(spinner,)))
         every_core = replace(agent_cfg, torch_threads=os.cpu_count() or 1)
         # the collapse this row shows may never reach the steady state: one try
-        add("one agent, one core busy, old threads", **swarm_row(one, every_core, seconds, STARTUP_ALLOWANCES[:1]))
+        old = swarm_row(one, every_core, seconds, STARTUP_ALLOWANCES[:1], exclude=(spinner,))
+        add("one agent, one core busy, old threads", **old)
     for n in agent_counts:
         add(f"{n} minimal loops side by side", **side_by_side_fps(env_id, seconds, n, num_envs, agent_cfg.a2c.n_steps))
         for mode, overlap in SWARM_LAYOUTS:

@@ -1,5 +1,7 @@
 """The bench train table says what each ratio is against, on both clocks, and when a row was retried."""
 
+import pytest
+
 from gossiprl.bench.train import _format
 
 
@@ -25,3 +27,20 @@ def test_a_retried_row_says_which_try_and_allowance_it_took():
     line = _format(rows[-1], rows)
     assert "0.50x minimal loop" in line and "(try 3: its agents needed 90 s to start)" in line
     assert "CPU" not in line  # no CPU figure (not Linux, or too short a window): no column, no ratio
+
+
+def test_a_rows_cpu_leaves_out_the_spinner_that_only_makes_the_load():
+    import time
+
+    from gossiprl.bench.train import DescendantsCPU, busy_core
+
+    if not DescendantsCPU.works:
+        pytest.skip("no /proc to read processes' CPU from")
+    with busy_core() as spinner:
+        time.sleep(2.0)
+        before = DescendantsCPU(exclude=(spinner,)).read()
+        counted = DescendantsCPU().read()
+        time.sleep(0.5)
+        after = DescendantsCPU(exclude=(spinner,)).read()
+    assert counted - before > 0.1, "the spinner spun, and a count that includes it shows it"
+    assert after - before < 0.05, "the count without it does not grow while it spins"
