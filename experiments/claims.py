@@ -18,8 +18,11 @@ comparison is lower (a clear result on data that exists is never hidden by anoth
 missing seeds or cells), *supported* only if every comparison is higher, and *cannot be decided*
 otherwise, with every reason (an interval that holds the line, too few seeds for an interval, an
 arm with no finished cell). Reading k comparisons together, each takes a Bonferroni interval,
-1 - 0.05 / k (95 % for one, 98.75 % for four), so that the verdict's error rate stays at most
-5 %. The IQMs of the arms, with intervals of the same size, are stated beside it.
+1 - 0.05 / k (95 % for one, 98.75 % for four): "contradicted" when any one of k comparisons is
+lower would otherwise err more often than 5 % of the time. "Supported", which needs every one to
+be higher, would already err at most 5 % with 95 % intervals (an intersection-union test), so one
+interval size for both makes it conservative: it can miss a real gain, never claim a false one.
+The IQMs of the arms, with intervals of the same size, are stated beside it.
 
 The axes: ``frames``, each agent's own last-100 score at the end of its budget (equal frames per
 agent where the study gives each agent the same frames, else equal frames for the whole swarm);

@@ -7,14 +7,15 @@ real `gossiprl run` cut off after a fixed time (``train.swarm_row``): its rate i
 agents' steady-state frames/s, and IMPALA's rows add the policy lag (in updates) and the queue's
 depth, averaged over the run's updates. A2C's rate counts frames it acted and learned from;
 IMPALA's counts frames its learner learned from, which its actors made beside it. Actor processes
-start before their learner trains (each imports torch), so their rows allow that start-up on top
-of the training time; it is not in the rate.
+start before their learner trains (each builds its envs, and imports torch where it cannot fork
+from a forkserver), so their rows allow that start-up on top of the training time; it is not in
+the rate.
 
-Wall-clock rates on a loaded host move with the load, so each row also gives the CPU time it
-spent per frame: the CPU seconds of every process the row started (agents, actor processes, with
-all their threads), read from /proc over the agents' steady window (Linux only; elsewhere the
-column is left out). A row that trains slower only because the host was busier keeps its CPU
-time per frame.
+Wall-clock rates on a loaded host move with the load, so each row also gives the CPU time it spent
+per frame: the CPU seconds of the launcher with its broker and of every process the row started
+(agents, actor processes, with all their threads), read from /proc over the agents' steady window
+(Linux only; elsewhere the column is left out). A row that trains slower only because the host was
+busier keeps its CPU time per frame.
 """
 
 from __future__ import annotations

@@ -14,9 +14,10 @@ steady-state frames/s (after the warm-up updates, so start-up is left out), and 
 is the agents' mean share of rollout, learn, gossip wait and mix over the same window.
 
 Frames/s on a loaded host move with the load, so every training row also gives its CPU time per
-frame (the minimal loops' own process CPU; a swarm row's, every process the run started, read
-from /proc over the agents' steady window) and its ratio to the same baseline: a host busier in
-one row than in the next moves the rates, not the CPU each frame took.
+frame (the minimal loops' own process CPU; a swarm row's, the launcher with its broker and every
+process the run started, read from /proc while every agent was in its steady state) and its ratio to
+the same baseline: a host busier in one row than in the next moves the rates, not the CPU each frame
+took.
 """
 
 from __future__ import annotations
@@ -80,21 +81,25 @@ def busy_core():
         spinner.wait()
 
 
-SAMPLE_S = 0.25
-"""How often the CPU time of the row's processes is read."""
+SAMPLE_S = 0.5
+"""How often the CPU time of the row's processes is read (a read lists /proc: a few ms of CPU)."""
 
 
 class DescendantsCPU:
-    """CPU seconds (user + system) of this process's descendants, sampled in a thread while the block
-    runs. This process itself is left out: it only launches the row and samples; so is each process
-    in ``exclude`` (a busy-core spinner: the load, not the row's work), with its own descendants.
-    Read from /proc: where there is none (not Linux), ``works`` is False and nothing is sampled."""
+    """CPU seconds (user + system) a row spends: this process's (the launcher and its broker) and its
+    descendants', sampled in a thread while the block runs. Left out: the sampler thread itself, and
+    each process in ``exclude`` (a busy-core spinner: the load, not the row's work) with its own
+    descendants. A process that exits keeps the last CPU it was seen with, so the total never falls
+    when an agent finishes before the others. Read from /proc: where there is none (not Linux),
+    ``works`` is False and nothing is sampled."""
 
     works = Path("/proc/self/stat").exists()
 
     def __init__(self, exclude=()):
         self.exclude = set(exclude)
         self.samples: list[tuple[float, float]] = []
+        self._seen: dict[tuple[int, int], float] = {}
+        """Each descendant, by (pid, start time), with the most CPU it was seen with."""
         self._stop = threading.Event()
         self._tick = os.sysconf("SC_CLK_TCK")
 
@@ -109,11 +114,13 @@ class DescendantsCPU:
 
     def _sample(self) -> None:
         while self.works and not self._stop.wait(SAMPLE_S):
-            self.samples.append((time.perf_counter(), self.read()))
+            own = time.process_time() - time.thread_time()  # this thread's own reads are not the row's work
+            self.samples.append((time.perf_counter(), own + self.read()))
 
     def read(self) -> float:
+        """The descendants' CPU seconds so far, those that have exited included."""
         children: dict[int, list[int]] = {}
-        cpu: dict[int, float] = {}
+        cpu: dict[int, tuple[int, float]] = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -123,13 +130,15 @@ class DescendantsCPU:
                 continue
             pid = int(entry.name)
             children.setdefault(int(fields[1]), []).append(pid)
-            cpu[pid] = (int(fields[11]) + int(fields[12])) / self._tick
-        total, todo = 0.0, [child for child in children.get(os.getpid(), []) if child not in self.exclude]
+            cpu[pid] = (int(fields[19]), (int(fields[11]) + int(fields[12])) / self._tick)
+        todo = [child for child in children.get(os.getpid(), []) if child not in self.exclude]
         while todo:
             pid = todo.pop()
-            total += cpu.get(pid, 0.0)
+            if pid in cpu:
+                started, seconds = cpu[pid]
+                self._seen[pid, started] = max(seconds, self._seen.get((pid, started), 0.0))
             todo += [child for child in children.get(pid, []) if child not in self.exclude]
-        return total
+        return sum(self._seen.values())
 
     def between(self, since: float, until: float) -> float | None:
         """CPU seconds spent from ``since`` to ``until`` (perf_counter readings), from the nearest samples."""
@@ -167,8 +176,9 @@ def swarm_row(swarm, agent_cfg, seconds: float, allowances=STARTUP_ALLOWANCES, e
     # the rollout source's stats (IMPALA's lag and queue depth), the agents' mean
     sourced = {k for s in agents for k in s if "/" in k}
     fps = sum(s[f"{prefix}fps"] for s in agents)
-    window = (min(s["steady_since"] for s in agents), max(s["steady_until"] for s in agents)) if steady else None
-    cpu = sampler.between(*window) if window and sampler.works else None
+    # the CPU is read while every agent was in its steady state, where the summed rate holds
+    window = (max(s["steady_since"] for s in agents), min(s["steady_until"] for s in agents)) if steady else None
+    cpu = sampler.between(*window) if window and window[1] > window[0] and sampler.works else None
     return {
         "fps": fps,
         "cpu_ms_per_frame": 1000 * cpu / max(fps * (window[1] - window[0]), 1e-9) if cpu is not None else None,
@@ -269,7 +279,7 @@ def _format(row: dict, rows: list[dict]) -> str:
     if not row["steady"]:
         line += "  (never finished its warm-up: rate over the whole run)"
     if row.get("tries", 1) > 1:
-        line += f"  (try {row['tries']}: its agents needed {row['allowance']:g} s to start)"
+        line += f"  (try {row['tries']}: its agents were given {row['allowance']:g} s to start)"
     if row["shares"]:
         line += "  | " + ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in row["shares"].items())
     return line

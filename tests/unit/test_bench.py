@@ -25,7 +25,7 @@ def test_a_ring_is_held_to_one_agent_and_to_loops_side_by_side_on_both_clocks():
 def test_a_retried_row_says_which_try_and_allowance_it_took():
     rows = [row("minimal A2C loop", 10_000), row("one agent, default flags", 5_000, tries=3, allowance=90.0)]
     line = _format(rows[-1], rows)
-    assert "0.50x minimal loop" in line and "(try 3: its agents needed 90 s to start)" in line
+    assert "0.50x minimal loop" in line and "(try 3: its agents were given 90 s to start)" in line
     assert "CPU" not in line  # no CPU figure (not Linux, or too short a window): no column, no ratio
 
 
@@ -44,3 +44,24 @@ def test_a_rows_cpu_leaves_out_the_spinner_that_only_makes_the_load():
         after = DescendantsCPU(exclude=(spinner,)).read()
     assert counted - before > 0.1, "the spinner spun, and a count that includes it shows it"
     assert after - before < 0.05, "the count without it does not grow while it spins"
+
+
+def test_a_rows_cpu_keeps_what_a_process_spent_after_it_exits():
+    import subprocess
+    import sys
+    import time
+
+    from gossiprl.bench.train import DescendantsCPU
+
+    if not DescendantsCPU.works:
+        pytest.skip("no /proc to read processes' CPU from")
+    sampler = DescendantsCPU()
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"]
+    )
+    time.sleep(0.8)
+    while_it_ran = sampler.read()
+    child.wait()
+    after_it_exited = sampler.read()
+    assert while_it_ran > 0.1, "the child spun and was counted"
+    assert after_it_exited >= while_it_ran, "an agent that finishes first must not take its CPU out of the row"

@@ -336,7 +336,9 @@ def test_actors_that_hoard_credits_lose_them_and_cannot_starve_the_queue(learner
         honest.send_unroll(0, 0, unroll(4), [])
         got = take_all(end, 1)
         assert [(t.actor, t.index) for t in got] == [(2, 0)]
-        assert end.reclaimed == capacity and end.failures == []
+        # every credit the hoarders took came back (more may have by now: benched hoarders get the
+        # room the honest actor leaves, and lose it again 1.5 s later on a slow host)
+        assert end.reclaimed >= capacity and end.failures == []
     finally:
         timer.cancel(), done.set()
         for thread in threads:
