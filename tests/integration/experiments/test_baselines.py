@@ -167,8 +167,10 @@ def test_results_md_puts_sb3_beside_gossiprl_one_agent_with_the_published_figure
     )
     assert "(swarm_vs_one)" not in text
     assert "Young & Tian 2019" in text and "read off the paper's curves, approximate" in text
-    assert "gossiprl's one agent and SB3 A2C are indistinguishable" in text
-    assert "gossiprl's one agent is above SB3 PPO" in text
+    # the same five scores on both sides: P = 0.5, and an interval that holds it says nothing of equality
+    assert "P(gossiprl's one agent > SB3 A2C) = 0.50 [" in text
+    assert "this data cannot tell them apart, which does not show them equal" in text
+    assert "P(gossiprl's one agent > SB3 PPO) = 1.00 [1.00, 1.00]: gossiprl's one agent ends higher" in text
     assert "![SB3 reference on MinAtar/Breakout-v1](results/baselines/figure.png)" in text
     assert (tmp_path / "baselines" / "figure.png").stat().st_size > 10_000
     assert make_results.baselines_sections(tmp_path / "nothing")[2].startswith("**Not run**")
