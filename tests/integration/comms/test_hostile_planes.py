@@ -213,7 +213,11 @@ def test_an_honest_swarm_with_many_tensors_completes_its_exchanges(plane):
     against a 1 MiB limit); two in-peers whose schemas are 600 KB each show the same wall."""
     n, names = 3, [f"{k:04d}".ljust(wire.MAX_NAME_CHARS, "w") for k in range(2000)]
     with Broker(topologies.make("full", n), data_plane=plane).start() as broker:
-        clients = [GossipClient(broker.address, r, timeout=20, **FAST) for r in range(n)]
+        # FAST's 1 s liveness window is shorter than the broker's honest work here on a busy 2-core
+        # host (decoding three 600 KB schemas): CI once saw it "silent for 1.01s" and the exchange
+        # fail. What is tested is that the exchange completes, so the window fits that work.
+        slow = {**FAST, "liveness": 50}
+        clients = [GossipClient(broker.address, r, timeout=20, **slow) for r in range(n)]
         try:
             tensors = [{name: np.full(1, r, np.float32) for name in names} for r in range(n)]
             got = _both(clients, tensors)
