@@ -54,6 +54,9 @@ STUDIES = [
 """The studies' dirs under the results, in report order (a study run on a second game has its own dir)."""
 
 NOTES = {
+    "learners": "**Per-second comparisons here are void.** These cells ran at nice 19 beside another study, "
+    "and the study was held stopped (SIGSTOP) for whole cells of that one: a cell's wall-clock, and its "
+    "frames/s, include those pauses (PPO's seed 2: 2,161 s for 1M frames). The per-frame columns stand.",
     "scaling": "**Per-second comparisons here are void.** These cells ran when every agent got cores // agents "
     "torch threads, so the single A2C agent ran 2 intra-op threads on cores other jobs also loaded, and "
     "such an agent collapses (`gossiprl bench train`'s row 'one agent, one core busy, old threads': 0.28x "
