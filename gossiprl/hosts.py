@@ -8,11 +8,12 @@ agents than there are cores.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
 from .comms import keys
-from .comms.settings import PEER_TIMEOUT_S
+from .comms.settings import LIVENESS, PEER_TIMEOUT_S
 
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 """torchrun's RANK comes before Slurm's: under `srun torchrun` every process torchrun starts on a
@@ -23,9 +24,15 @@ LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_
 precedence as RANK_VARIABLES."""
 
 LOCAL_HEARTBEAT_S = 0.25
-"""Heartbeat of agents that share a host with their broker. At the end of a run the launcher
-closes the broker, and an agent parked on a turn lock notices after 3 silent heartbeats;
-pings are cheap on one host, so they come often and the swarm stops within a second."""
+"""Heartbeat of agents that share a host with their broker: pings are cheap on one host, so they
+come often and a parked agent hears at once that its turn came or its neighbour left."""
+
+LOCAL_SILENCE_S = 10.0
+"""Silence after which an agent takes its launcher's broker for gone. The broker is a thread of
+the launcher's process and pauses whenever that process does: a garbage collection of a test
+runner's heap took 0.3 s here, and under load it passed the 0.75 s that 3 local heartbeats
+allowed, failing every agent of a run at registration. A launcher that dies is noticed at once
+through its pipe, not through this."""
 
 MAX_HEARTBEAT_S = 10.0
 """The stretched heartbeat's ceiling: a broker that really died is still noticed within 30 s."""
@@ -96,6 +103,11 @@ class HostLoad:
     @property
     def heartbeat(self) -> float:
         return min(LOCAL_HEARTBEAT_S * self.oversubscription, MAX_HEARTBEAT_S)
+
+    @property
+    def liveness(self) -> int:
+        """Silent heartbeats before the launcher's broker counts as gone: LOCAL_SILENCE_S at least."""
+        return max(LIVENESS, math.ceil(LOCAL_SILENCE_S / self.heartbeat))
 
     @property
     def peer_timeout(self) -> float:

@@ -247,7 +247,8 @@ def _agent_process(
     stop = threading.Event()
     threading.Thread(target=_watch_launcher, args=(stop_pipe, stop), name="launcher-watch", daemon=True).start()
     reports = _Reporter(report_pipe)
-    client = ClientConfig(heartbeat=load.heartbeat, connect_timeout=None)  # the launcher started the broker first
+    # the launcher started the broker first, so one try; its thread pauses with the launcher, hence the liveness
+    client = ClientConfig(heartbeat=load.heartbeat, liveness=load.liveness, connect_timeout=None)
     try:
         summary = run_agent(
             address,
@@ -262,6 +263,7 @@ def _agent_process(
             progress=lambda report: reports.put(("progress", rank, report)),
             n=swarm.agents,
             heartbeat=client.heartbeat,
+            liveness=client.liveness,
             curve=curve,
         )
         reports.put(("done", rank, summary))

@@ -491,16 +491,22 @@ class GossipClient:
         replies: dict[int, wire.Message] = {}
         pings: set[int] = set()
         start = last_heard = time.monotonic()
+        # Heartbeats waited out in a row with nothing heard. The broker is taken for gone only when
+        # `liveness` of them were and the clock agrees: a pause of this whole process (a garbage
+        # collection in a big host program, a starved core) moves the clock without any waiting, and
+        # with the broker a thread of the same process, paused alike, it read as a dead broker.
+        silent = 0
         while len(replies) < len(seqs):
             now = time.monotonic()
             if timeout is not None and now - start > timeout:
                 raise GossipTimeout(
                     f"rank {self.rank}: no turn within {timeout:.3g}s (round {self.round}; the broker is alive)"
                 )
-            if now - last_heard > self.heartbeat * self.liveness:
+            if silent >= self.liveness and now - last_heard > self.heartbeat * self.liveness:
                 raise self._unavailable(now - last_heard)
             wait = self.heartbeat if timeout is None else min(self.heartbeat, max(0.0, start + timeout - now))
             if not self._sock.poll(int(wait * 1000) + 1):
+                silent += 1
                 pings.add(next(self._seq))
                 try:
                     self._sock.send_multipart(wire.encode(wire.PING, {"seq": max(pings)}), flags=zmq.NOBLOCK)
@@ -513,6 +519,7 @@ class GossipClient:
                 self._reset()
                 raise
             last_heard = self._last_heard = time.monotonic()
+            silent = 0
             seq = msg.get("seq")
             if self.broker is not None and msg.get("broker") not in (None, self.broker):
                 raise _BrokerRestarted()
