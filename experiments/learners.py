@@ -27,8 +27,11 @@ def build(quick: bool, frames_per_agent: int, seeds: list[int]) -> tuple[list[Ce
     cells = []
     for setting, (algo, agents) in SETTINGS.items():
         swarm = SwarmConfig(agents=agents, topology="ring" if agents > 1 else None)
+        # A2C is `gossiprl run`'s default learner, so its cells name no change: then they are
+        # swarm_vs_one's "1 agent" and "ring of 4" cells, and the shared cache runs each once
+        agent = {} if algo == "a2c" else {"algo": algo}
         cells += [
-            Cell(setting, seed, agents, frames_per_agent * agents, swarm, agent={"algo": algo}, labels={"algo": algo})
+            Cell(setting, seed, agents, frames_per_agent * agents, swarm, agent=agent, labels={"algo": algo})
             for seed in seeds
         ]
     return cells, list(SETTINGS)

@@ -40,6 +40,16 @@ def test_every_arm_another_study_runs_has_that_studys_fingerprint(quick, frames,
     assert not {mine[table1.GALA, s] for s in seeds} & every_other
 
 
+def test_the_learners_a2c_arms_are_swarm_vs_ones_cells():
+    """learners' A2C cells named the default learner ({"algo": "a2c"}), so their fingerprint was
+    another than swarm_vs_one's identical runs, and each ran twice (about 20 minutes a cell)."""
+    seeds = [1, 2, 3, 4, 5]
+    mine = fingerprints(learners, False, 1_000_000, seeds, REAL_ENV, 10)
+    theirs = fingerprints(swarm_vs_one, False, 1_000_000, seeds, REAL_ENV, 10)
+    for setting, same in (("A2C, 1 agent", "1 agent"), ("A2C, ring of 4", "ring of 4")):
+        assert [mine[setting, s] for s in seeds] == [theirs[same, s] for s in seeds], setting
+
+
 def test_gala_is_palas_ring_in_async_mode_with_nothing_else_changed():
     cells, _ = table1.build(False, 1_000_000, [1])
     pala, gala = (next(c for c in cells if c.setting == s) for s in (table1.PALA, table1.GALA))
