@@ -222,6 +222,12 @@ class ActorProcesses:
     def depth(self) -> int:
         return self.end.depth()
 
+    def channel_counts(self) -> dict[str, int]:
+        """What the channel turned away so far: JOINs past the bound, credits taken back from
+        actors that held them silent, and messages dropped as malformed or unexpected."""
+        end = self.end
+        return {"refused_joins": end.refused_joins, "reclaimed": end.reclaimed, "bad_messages": end.bad_messages}
+
     def take(self, timeout: float) -> Trajectory | None:
         trajectory = self.end.take(timeout)
         if trajectory is None:

@@ -114,6 +114,7 @@ class ActorPool:
             "impala/policy_lag_mean": sum(lags) / len(lags),
             "impala/policy_lag_max": float(max(lags)),
             "impala/queue_depth": float(depth),
+            **{f"impala/{name}_total": float(count) for name, count in self.actors.channel_counts().items()},
         }
 
     def pop_episodes(self) -> list[tuple[float, int]]:
@@ -237,6 +238,10 @@ class ActorThreads:
 
     def depth(self) -> int:
         return self.trajectories.qsize()
+
+    def channel_counts(self) -> dict[str, int]:
+        """Nothing: threads hand their unrolls over in memory, with no channel to refuse or drop."""
+        return {}
 
     def take(self, timeout: float) -> Trajectory | None:
         try:

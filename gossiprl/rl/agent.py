@@ -277,7 +277,8 @@ class Tally:
     source_stats: dict = field(default_factory=dict)
     """The rollout source's stats of the last update (IMPALA's policy lag, queue depth ...)."""
     source_totals: dict = field(default_factory=dict)
-    """Each source stat summed over this session's updates, for the summary."""
+    """Each source stat summed over this session's updates, for the summary's mean; a stat named
+    ``*_total`` is a running count already, and the summary keeps its last value instead."""
     steady: tuple | None = None
     """(clock, frames, timing) once WARMUP_UPDATES are done: start-up and the peers' arrival left out."""
     start_time: float = 0.0
@@ -385,6 +386,7 @@ class Tally:
             **{f"{k}_s": v for k, v in self.timing.items()},
             **steady_figures(self.steady, self.last_update_end, self.frames, self.timing),
             **{key: total / max(self.updates - self.start_updates, 1) for key, total in self.source_totals.items()},
+            **{key: value for key, value in self.source_stats.items() if key.endswith("_total")},
         }
 
 

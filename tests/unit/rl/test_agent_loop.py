@@ -8,6 +8,7 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
+from gossiprl.rl.agent import Tally
 from gossiprl.rl.envs import make_env
 from gossiprl.rl.rollouts import sample
 from gossiprl.rl.settings import AgentConfig, thread_plan
@@ -53,3 +54,15 @@ def test_threads_default_to_one_for_torch_and_a_share_of_the_cores_for_the_env(m
     assert thread_plan(AgentConfig(agents_per_host=4)) == {"torch": 1, "env": 2}
     assert thread_plan(AgentConfig(agents_per_host=16)) == {"torch": 1, "env": 1}
     assert thread_plan(replace(AgentConfig(), torch_threads=3)) == {"torch": 3, "env": 3}
+
+
+def test_the_summary_averages_a_sources_rates_and_keeps_its_running_counts_last():
+    """The summary averaged every source stat over the updates, which turns a running count (IMPALA's
+    refused JOINs: 0, 0, 3, 3) into a fraction no one can read."""
+    tally = Tally()
+    tally.start()
+    for updates, (lag, refused) in enumerate([(1.0, 0.0), (3.0, 0.0), (2.0, 3.0), (2.0, 3.0)], 1):
+        tally.add_source_stats({"impala/policy_lag_mean": lag, "impala/refused_joins_total": refused})
+        tally.updates = updates
+    summary = tally.summary()
+    assert summary["impala/policy_lag_mean"] == 2.0 and summary["impala/refused_joins_total"] == 3.0

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from gossiprl.comms import trajectories
 from gossiprl.rl import a2c, impala
 from gossiprl.rl.actors import ActorFailed, ActorPool, Batch
 from gossiprl.rl.models import MLPActorCritic, flatten_parameters
@@ -166,11 +167,19 @@ def test_a_full_queue_holds_an_actor_process_back_and_its_lag_stays_within_the_q
         time.sleep(0.5)  # time to run past a queue that did not hold it back
         assert source.actors.depth() == 4 and source.actors.end.take(0) is not None
         assert source.actors.depth() == 3  # nothing past the credits came
-        worst = max(source.next(version)["impala/policy_lag_max"] for version in range(10))
+        stranger = trajectories.ActorEnd(source.actors.end.endpoint, silence_s=5)
+        stranger.expect_params(source.actors.end.welcome["params"])
+        with pytest.raises(trajectories.LearnerGone, match="admits at most 1 actors"):
+            stranger.join("CartPole-v1")  # the learner's own process is its one admitted actor
+        stranger.close()
+        stats = [source.next(version) for version in range(10)]
     finally:
         source.close()
     # the process waits for a credit before it fetches and acts, so it is never later than the threads
-    assert 1 <= worst <= 1 + 4 // 2
+    assert 1 <= max(s["impala/policy_lag_max"] for s in stats) <= 1 + 4 // 2
+    # what the channel turned away is a running count in each update's stats, so in metrics.csv
+    assert [s["impala/refused_joins_total"] for s in stats] == [1.0] * 10
+    assert stats[-1]["impala/reclaimed_total"] == stats[-1]["impala/bad_messages_total"] == 0.0
 
 
 def test_an_actor_thread_that_fails_ends_the_learner_with_its_error(monkeypatch):
