@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,9 +231,12 @@ class LearnerEnd:
     of its envs, and ``env`` the env id an actor must play to be admitted. ``curve``: (the learner's
     secret key file, the directory of admitted actors' public keys), as a broker's; an actor's
     routing id is then bound to the key it joined with. ``max_actors``: how many actors it admits
-    (default ``capacity``: more than the queue holds unrolls could never all hold a credit at once);
-    a JOIN past them is answered STOP and counted in ``refused_joins``. Credits taken back from
-    actors that held them ``silence_s`` without sending an unroll are counted in ``reclaimed``."""
+    (default ``capacity``: more than the queue holds unrolls could never all hold a credit at once)
+    beside the ``reserved`` ones, the routing ids of the actors the learner started itself, which
+    always have a seat: actors from elsewhere that joined first could otherwise take every seat and
+    leave the learner's own refused. A JOIN past them is answered STOP and counted in
+    ``refused_joins``. Credits taken back from actors that held them ``silence_s`` without sending
+    an unroll are counted in ``reclaimed``."""
 
     def __init__(
         self,
@@ -246,9 +249,11 @@ class LearnerEnd:
         curve: tuple | None = None,
         silence_s: float = SILENCE_S,
         max_actors: int | None = None,
+        reserved: Iterable[bytes] = (),
     ):
         self.env, self.capacity, self.seed_of, self.silence_s = env, capacity, seed_of, silence_s
         self.max_actors = capacity if max_actors is None else max_actors
+        self.reserved = frozenset(reserved)
         self.welcome = dict(welcome)
         self.expected = {UNROLL: dict(unroll)}
         self.unrolls: deque[Trajectory] = deque()
@@ -410,9 +415,11 @@ class LearnerEnd:
             self._send(identity, STOP, {"reason": f"this learner trains on {self.env}, not {header['env']}"})
             return
         actor = self._actors.get(identity)
-        if actor is None and len(self._actors) >= self.max_actors:
+        others = sum(1 for admitted in self._actors if admitted not in self.reserved)
+        if actor is None and identity not in self.reserved and others >= self.max_actors:
             self.refused_joins += 1
-            reason = f"this learner admits at most {self.max_actors} actors, and has them"
+            mine = f" beside its own {len(self.reserved)}" if self.reserved else ""
+            reason = f"this learner admits at most {self.max_actors} actors{mine}, and has them"
             self._send(identity, STOP, {"reason": reason})
             self._warn(self.refused_joins, f"refused a JOIN: {reason}")
             return
@@ -505,7 +512,9 @@ class ActorEnd:
 
     ``curve``: (this actor's secret key file, the learner's public key file), as a broker's client."""
 
-    def __init__(self, endpoint: str, curve: tuple | None = None, silence_s: float = SILENCE_S):
+    def __init__(
+        self, endpoint: str, curve: tuple | None = None, silence_s: float = SILENCE_S, routing_id: bytes | None = None
+    ):
         self.endpoint, self.silence_s = keys.check_endpoint(endpoint), silence_s
         self.credits = 0
         self.stopped: str | None = None
@@ -517,8 +526,9 @@ class ActorEnd:
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self.routing_id = uuid.uuid4().hex.encode()
-        """This actor's name at its learner for its life: a reconnection keeps its number and credits."""
+        self.routing_id = routing_id or uuid.uuid4().hex.encode()
+        """This actor's name at its learner for its life: a reconnection keeps its number and credits.
+        A learner names the actors it starts itself, and keeps a seat for each (LearnerEnd ``reserved``)."""
         self._sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
         self._sock.setsockopt(zmq.SNDTIMEO, int(silence_s * 1000))  # a DEALER with no connection blocks a send
         for option, value in (keys.client_options(*curve) if curve else {}).items():

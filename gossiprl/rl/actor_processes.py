@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from types import SimpleNamespace
 
 import numpy as np
@@ -55,11 +56,12 @@ def run_actor(
     stop=None,
     curve: tuple | None = None,
     torch_threads: int = 1,
+    routing_id: bytes | None = None,
 ) -> int:
     """Act for the learner at ``endpoint`` until it says stop (or ``stop`` is set); return the
     unrolls sent. An error ends the actor, and is first sent to the learner in one line."""
     torch.set_num_threads(torch_threads)
-    link = ActorEnd(endpoint, curve)
+    link = ActorEnd(endpoint, curve, routing_id=routing_id)
     try:
         welcome = link.join(env_id, stop)
         envs = None
@@ -105,14 +107,14 @@ def _act(link: ActorEnd, envs, welcome: dict, stop) -> int:
     return unrolls
 
 
-def actor_process(endpoint: str, env_id: str, sticky_actions: float, env_threads: int) -> None:
+def actor_process(endpoint: str, env_id: str, sticky_actions: float, env_threads: int, routing_id: bytes) -> None:
     """Body of an actor process its learner spawned: ``run_actor`` until the learner says stop or
     is gone. An error was sent to the learner already, which reports it: exit 1 without a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops the learner, which stops us
     stop = threading.Event()
     threading.Thread(target=_watch_parent, args=(stop,), name="learner-watch", daemon=True).start()
     try:
-        run_actor(endpoint, env_id, sticky_actions, env_threads, stop=stop)
+        run_actor(endpoint, env_id, sticky_actions, env_threads, stop=stop, routing_id=routing_id)
     except LearnerGone:
         if not stop.is_set():
             raise
@@ -170,6 +172,7 @@ class ActorProcesses:
             self.private_dir = tempfile.mkdtemp(prefix="gossiprl-actors-")
             bind = f"ipc://{self.private_dir}/trajectories"
         hp, obs_space = self.hp, self.observation_space
+        own = [uuid.uuid4().hex.encode() for _ in range(hp.actors_per_agent)]
         self.end = LearnerEnd(
             bind,
             self.cfg.env_id,
@@ -180,9 +183,10 @@ class ActorProcesses:
             capacity=hp.queue_size,
             seed_of=lambda actor: self.seed + actor * hp.num_envs,  # no two actors play the same episodes
             curve=self.curve,
-            # its own, and with --actors-bind as many from other hosts as the queue has room for unrolls:
-            # more could never all hold a credit at once
-            max_actors=hp.actors_per_agent + (hp.queue_size if self.hp.actors_bind is not None else 0),
+            # a seat for each of its own, and with --actors-bind as many from other hosts as the queue has
+            # room for unrolls: more could never all hold a credit at once
+            max_actors=hp.queue_size if self.hp.actors_bind is not None else 0,
+            reserved=own,
         )
         if self.hp.actors_bind is not None:
             print(
@@ -191,10 +195,10 @@ class ActorProcesses:
             )
         self.publish(flat_params, 0)
         context = actor_context()
-        for a in range(hp.actors_per_agent):
+        for a, routing_id in enumerate(own):
             process = context.Process(
                 target=actor_process,
-                args=(self.end.endpoint, self.cfg.env_id, self.cfg.sticky_actions, self.env_threads),
+                args=(self.end.endpoint, self.cfg.env_id, self.cfg.sticky_actions, self.env_threads, routing_id),
                 name=f"actor-process-{a}",
                 daemon=True,
             )

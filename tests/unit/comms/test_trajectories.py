@@ -311,6 +311,24 @@ def test_joins_past_the_learners_bound_are_refused_and_counted(learner, actor_of
     assert end.joined == 2 and end.refused_joins == 1
 
 
+def test_the_learners_own_actors_keep_their_seats_when_others_joined_first(learner):
+    """A learner's own actors and actors from elsewhere were counted against one bound: strangers
+    that joined first filled it, and the learner stopped with its own actor's refusal."""
+    end = learner(capacity=2, max_actors=1, reserved=[b"own-actor-0"])
+    actors = [tj.ActorEnd(end.endpoint, silence_s=5, routing_id=rid) for rid in (None, None, b"own-actor-0")]
+    try:
+        for actor in actors:
+            actor.expect_params(PARAMS)
+        assert actors[0].join("CartPole-v1")["actor"] == 0  # the one seat for others
+        with pytest.raises(tj.LearnerGone, match="admits at most 1 actors beside its own 1"):
+            actors[1].join("CartPole-v1")
+        assert actors[2].join("CartPole-v1")["actor"] == 1  # its own, after the strangers
+        assert end.joined == 2 and end.refused_joins == 1
+    finally:
+        for actor in actors:
+            actor.close()
+
+
 @pytest.mark.parametrize("capacity, max_actors", [(3, None), (2, 3)])
 def test_actors_that_hoard_credits_lose_them_and_cannot_starve_the_queue(learner, actor_of, capacity, max_actors):
     """Two joined peers that heartbeat (FETCH) but never send an unroll take every credit the
