@@ -510,7 +510,9 @@ class ActorEnd:
     """An actor's end: a DEALER connected to its learner. ``join`` once, then per unroll
     ``wait_for_credit``, ``fetch`` and ``send_unroll``; ``fail`` says why the actor ends.
 
-    ``curve``: (this actor's secret key file, the learner's public key file), as a broker's client."""
+    ``curve``: (this actor's secret key file, the learner's public key file), as a broker's client;
+    or the keys themselves, (this actor's public, its secret, the learner's public), z85-encoded, as
+    a learner hands them to the actor processes it starts."""
 
     def __init__(
         self, endpoint: str, curve: tuple | None = None, silence_s: float = SILENCE_S, routing_id: bytes | None = None
@@ -531,7 +533,7 @@ class ActorEnd:
         A learner names the actors it starts itself, and keeps a seat for each (LearnerEnd ``reserved``)."""
         self._sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
         self._sock.setsockopt(zmq.SNDTIMEO, int(silence_s * 1000))  # a DEALER with no connection blocks a send
-        for option, value in (keys.client_options(*curve) if curve else {}).items():
+        for option, value in _client_options(curve).items():
             self._sock.setsockopt(option, value)
         self._sock.connect(endpoint)
 
@@ -636,3 +638,13 @@ class ActorEnd:
                 self._params = (header["version"], arrays["params"])
         elif cmd == STOP:
             self.stopped = one_line(header["reason"])
+
+
+def _client_options(curve: tuple | None) -> dict[int, bytes]:
+    """ActorEnd's ``curve`` as socket options: from key files (two paths) or from the keys (three)."""
+    if curve is None:
+        return {}
+    if len(curve) == 2:
+        return keys.client_options(*curve)
+    public, secret, learner = curve
+    return {zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret, zmq.CURVE_SERVERKEY: learner}

@@ -31,6 +31,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+import zmq
 
 from gossiprl.comms import keys
 from gossiprl.comms.trajectories import ActorEnd, ActorFailed, LearnerEnd, LearnerGone, Trajectory, unroll_specs
@@ -107,14 +108,16 @@ def _act(link: ActorEnd, envs, welcome: dict, stop) -> int:
     return unrolls
 
 
-def actor_process(endpoint: str, env_id: str, sticky_actions: float, env_threads: int, routing_id: bytes) -> None:
+def actor_process(
+    endpoint: str, env_id: str, sticky_actions: float, env_threads: int, routing_id: bytes, curve: tuple | None
+) -> None:
     """Body of an actor process its learner spawned: ``run_actor`` until the learner says stop or
     is gone. An error was sent to the learner already, which reports it: exit 1 without a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops the learner, which stops us
     stop = threading.Event()
     threading.Thread(target=_watch_parent, args=(stop,), name="learner-watch", daemon=True).start()
     try:
-        run_actor(endpoint, env_id, sticky_actions, env_threads, stop=stop, routing_id=routing_id)
+        run_actor(endpoint, env_id, sticky_actions, env_threads, stop=stop, curve=curve, routing_id=routing_id)
     except LearnerGone:
         if not stop.is_set():
             raise
@@ -171,8 +174,13 @@ class ActorProcesses:
         if bind is None:  # only this learner's own processes: a socket in a 0700 directory
             self.private_dir = tempfile.mkdtemp(prefix="gossiprl-actors-")
             bind = f"ipc://{self.private_dir}/trajectories"
-        hp, obs_space = self.hp, self.observation_space
+        cfg, hp, obs_space = self.cfg, self.hp, self.observation_space
         own = [uuid.uuid4().hex.encode() for _ in range(hp.actors_per_agent)]
+        curve, own_curve = self.curve, None
+        if curve is not None:  # its own actors get a key pair of this run's, admitted beside the allowed keys
+            public, secret = zmq.curve_keypair()
+            curve = (curve[0], keys.load_allowed(curve[1]) | {public})
+            own_curve = (public, secret, keys.load_secret(curve[0])[0])
         self.end = LearnerEnd(
             bind,
             self.cfg.env_id,
@@ -182,7 +190,7 @@ class ActorProcesses:
             {"params": flat_params.numel(), "n_steps": hp.n_steps, "num_envs": hp.num_envs, "gamma": float(hp.gamma)},
             capacity=hp.queue_size,
             seed_of=lambda actor: self.seed + actor * hp.num_envs,  # no two actors play the same episodes
-            curve=self.curve,
+            curve=curve,
             # a seat for each of its own, and with --actors-bind as many from other hosts as the queue has
             # room for unrolls: more could never all hold a credit at once
             max_actors=hp.queue_size if self.hp.actors_bind is not None else 0,
@@ -198,7 +206,7 @@ class ActorProcesses:
         for a, routing_id in enumerate(own):
             process = context.Process(
                 target=actor_process,
-                args=(self.end.endpoint, self.cfg.env_id, self.cfg.sticky_actions, self.env_threads, routing_id),
+                args=(self.end.endpoint, cfg.env_id, cfg.sticky_actions, self.env_threads, routing_id, own_curve),
                 name=f"actor-process-{a}",
                 daemon=True,
             )

@@ -106,7 +106,7 @@ def train(
     if resume and (checkpoint_path.exists() or gossip is None):
         checkpoint = resume_checkpoint(checkpoint_path, cfg)
     tally = Tally.resumed(checkpoint)
-    (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2))
+    (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2, default=str))
     a = _Agent.build(cfg, rank, gossip, checkpoint, tally.updates)
     if resume and not checkpoint:  # rejoining a running swarm with no checkpoint of our own: start from the neighbours'
         _adopt(gossip, a.flat_params, rank, agent_dir)

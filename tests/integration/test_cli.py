@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from gossiprl.comms import keys
 from helpers import child_pids, free_port, invoke, is_running, start_endless_swarm, wait_for, wait_until_training
 
 
@@ -210,21 +211,27 @@ def test_impala_ring_of_two_runs_end_to_end_and_logs_its_lag(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_impala_with_actor_processes_trains_cartpole_end_to_end_with_an_actor_from_elsewhere(tmp_path):
-    """One actor process the learner spawns, and one `gossiprl actor` that joins over tcp as an
-    actor on another host would (started first: it waits for the learner to bind)."""
+    """One actor process the learner spawns, and one `gossiprl actor` that joins over tcp with its
+    CURVE key as an actor on another host would (started first: it waits for the learner to bind).
+    With keys, the learner's own actor had none and was refused, and the agent's config.json could
+    not hold the key paths: the run failed at its start."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
+    learner_public, learner_secret = keys.generate(tmp_path / "learner", "learner")
+    _, remote_secret = keys.generate(tmp_path / "allowed", "remote")
     remote = subprocess.Popen(
-        [sys.executable, "-m", "gossiprl.cli", "actor", "--connect", endpoint, "--env", "CartPole-v1"],
+        [sys.executable, "-m", "gossiprl.cli", "actor", "--connect", endpoint, "--env", "CartPole-v1",
+         "--curve-secret", remote_secret, "--curve-learner", learner_public],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
+    )  # fmt: skip
     run_dir = tmp_path / "run"
     small = ["--actors-per-agent", 1, "--num-envs", 2, "--n-steps", 5, "--batch-size", 2, "--queue-size", 4]
+    keyed = ["--actors-curve-secret", learner_secret, "--actors-curve-allow", tmp_path / "allowed"]
     try:
         result = invoke(
-            "run", "--algo", "impala", "--actor-placement", "process", "--actors-bind", endpoint, "--agents", 1,
-            *small, "--total-frames", 3000, "--log-every", 10, "--run-dir", run_dir, "--no-progress",
+            "run", "--algo", "impala", "--actor-placement", "process", "--actors-bind", endpoint, *keyed,
+            "--agents", 1, *small, "--total-frames", 3000, "--log-every", 10, "--run-dir", run_dir, "--no-progress",
             "--stop-at-return", "none",
         )  # fmt: skip
         said, _ = remote.communicate(timeout=60)
@@ -241,6 +248,7 @@ def test_impala_with_actor_processes_trains_cartpole_end_to_end_with_an_actor_fr
     assert int(rows[-1]["updates"]) == 150  # 3000 frames, 20 per update
     assert all(0 <= float(row["impala/policy_lag_max"]) <= 10 for row in rows)
     assert all(0 <= float(row["impala/queue_depth"]) <= 4 for row in rows)  # the credits bound the queue
+    assert float(rows[-1]["impala/refused_joins_total"]) == float(rows[-1]["impala/bad_messages_total"]) == 0
 
 
 @pytest.mark.timeout(120)

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from gossiprl.comms import trajectories
-from gossiprl.rl import a2c, impala
+from gossiprl.comms import keys, trajectories
+from gossiprl.rl import a2c, actor_processes, impala
 from gossiprl.rl.actors import ActorFailed, ActorPool, Batch
 from gossiprl.rl.models import MLPActorCritic, flatten_parameters
 from gossiprl.rl.settings import A2CConfig, AgentConfig, ImpalaConfig
-from helpers import poll_until
+from helpers import free_port, poll_until
 
 T, N, OBS, ACTIONS = 6, 5, 4, 3
 
@@ -180,6 +180,30 @@ def test_a_full_queue_holds_an_actor_process_back_and_its_lag_stays_within_the_q
     # what the channel turned away is a running count in each update's stats, so in metrics.csv
     assert [s["impala/refused_joins_total"] for s in stats] == [1.0] * 10
     assert stats[-1]["impala/reclaimed_total"] == stats[-1]["impala/bad_messages_total"] == 0.0
+
+
+@pytest.mark.timeout(180)
+def test_with_curve_keys_the_learners_own_actor_process_joins_and_trains(tmp_path, monkeypatch):
+    """--actors-curve-secret with actor processes: the learner's own actors had no key, so its CURVE
+    socket refused them and the learner waited START_S (600 s) for joins that could never come.
+    They now get a key pair of the run's, admitted beside the allowed directory's."""
+    monkeypatch.setattr(actor_processes, "START_S", 60.0)
+    keys.generate(tmp_path / "learner", "learner")
+    keys.generate(tmp_path / "allowed", "remote")
+    source = pool(
+        actors_per_agent=1,
+        batch_size=2,
+        actor_placement="process",
+        actors_bind=f"tcp://127.0.0.1:{free_port()}",
+        actors_curve_secret=tmp_path / "learner" / "learner.key_secret",
+        actors_curve_allow=tmp_path / "allowed",
+    )
+    try:
+        start(source)
+        stats = source.next(0)
+    finally:
+        source.close()
+    assert source.actors.end.joined == 1 and len(source.taken) == 2 and stats["impala/refused_joins_total"] == 0
 
 
 def test_an_actor_thread_that_fails_ends_the_learner_with_its_error(monkeypatch):
