@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
-from .comms.client import BrokerUnavailable, GossipClient, GossipError
+from .comms.client import BrokerUnavailable, GossipClient, GossipError, GossipStopped
 from .comms.gossip import Gossip
 from .comms.settings import CONNECT_TIMEOUT_S, GOSSIP_TIMEOUT_S
 from .hosts import RunError, agents_sharing_host
@@ -63,7 +63,7 @@ def run_agent(
 
     gossip = None
     if address is not None:
-        options = {"timeout": gossip_timeout, "codec": codec, "takeover": resume, **client_options}
+        options = {"timeout": gossip_timeout, "codec": codec, "takeover": resume, "stop": stop, **client_options}
         client = connect(address, rank, options, connect_timeout, stop, echo)
         if size_from_swarm:
             agent_cfg = share_host(agent_cfg, rank, agents_sharing_host(address, client.topology.n), echo)
@@ -84,15 +84,17 @@ def run_agent(
 
 def connect(address: str, rank: int, options: dict, connect_timeout: float | None, stop, echo) -> GossipClient:
     """Register ``rank`` with the broker at ``address``, trying again until ``connect_timeout``."""
-    if connect_timeout is None:
-        return GossipClient(address, rank, **options)
-    deadline = time.monotonic() + connect_timeout
+    deadline = None if connect_timeout is None else time.monotonic() + connect_timeout
     while True:
         try:
             return GossipClient(address, rank, **options)
-        except GossipError as err:  # a rank the swarm does not have, a mismatching topology: asking again won't help
-            raise RunError(f"agent-{rank}: the broker at {address} refused it: {err}") from None
-        except BrokerUnavailable as err:
+        except GossipStopped:
+            raise RunError(f"agent-{rank}: stopped while waiting for the broker at {address}") from None
+        except (GossipError, BrokerUnavailable) as err:
+            if deadline is None:  # one try: the client's own error, as it is
+                raise
+            if isinstance(err, GossipError):  # a rank the swarm does not have, a mismatching topology
+                raise RunError(f"agent-{rank}: the broker at {address} refused it: {err}") from None
             if "the broker refused" in str(err):  # a key or mechanism it will refuse every time
                 raise RunError(f"agent-{rank}: {err}; not retrying") from None
             if stop is not None and stop.is_set():

@@ -8,12 +8,11 @@ agents than there are cores.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
 from .comms import keys
-from .comms.settings import LIVENESS, PEER_TIMEOUT_S
+from .comms.settings import PEER_TIMEOUT_S
 
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 """torchrun's RANK comes before Slurm's: under `srun torchrun` every process torchrun starts on a
@@ -27,12 +26,13 @@ LOCAL_HEARTBEAT_S = 0.25
 """Heartbeat of agents that share a host with their broker: pings are cheap on one host, so they
 come often and a parked agent hears at once that its turn came or its neighbour left."""
 
-LOCAL_SILENCE_S = 10.0
-"""Silence after which an agent takes its launcher's broker for gone. The broker is a thread of
-the launcher's process and pauses whenever that process does: a garbage collection of a test
-runner's heap took 0.3 s here, and under load it passed the 0.75 s that 3 local heartbeats
-allowed, failing every agent of a run at registration. A launcher that dies is noticed at once
-through its pipe, not through this."""
+LOCAL_BROKER_GRACE_S = 10.0
+"""Silence shorter than this never makes an agent take its launcher's broker for gone (the
+client's ``broker_grace``). The broker is a thread of the launcher's process and pauses whenever
+that process does: a garbage collection of a test runner's heap took 0.44 s here, and under load
+it passed the 0.75 s that 3 local heartbeats allowed, failing every agent of a run at
+registration. A launcher that dies is noticed at once through its pipe, which sets the agents'
+stop, and a wait on the broker ends at the next heartbeat."""
 
 MAX_HEARTBEAT_S = 10.0
 """The stretched heartbeat's ceiling: a broker that really died is still noticed within 30 s."""
@@ -103,11 +103,6 @@ class HostLoad:
     @property
     def heartbeat(self) -> float:
         return min(LOCAL_HEARTBEAT_S * self.oversubscription, MAX_HEARTBEAT_S)
-
-    @property
-    def liveness(self) -> int:
-        """Silent heartbeats before the launcher's broker counts as gone: LOCAL_SILENCE_S at least."""
-        return max(LIVENESS, math.ceil(LOCAL_SILENCE_S / self.heartbeat))
 
     @property
     def peer_timeout(self) -> float:

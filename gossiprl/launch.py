@@ -40,6 +40,7 @@ from .comms import keys
 from .comms.broker import Broker
 from .comms.settings import PEER_TIMEOUT_S, ClientConfig
 from .hosts import (
+    LOCAL_BROKER_GRACE_S,
     LOCAL_HEARTBEAT_S,
     LOCAL_SIZE_VARIABLES,
     MAX_HEARTBEAT_S,
@@ -247,8 +248,7 @@ def _agent_process(
     stop = threading.Event()
     threading.Thread(target=_watch_launcher, args=(stop_pipe, stop), name="launcher-watch", daemon=True).start()
     reports = _Reporter(report_pipe)
-    # the launcher started the broker first, so one try; its thread pauses with the launcher, hence the liveness
-    client = ClientConfig(heartbeat=load.heartbeat, liveness=load.liveness, connect_timeout=None)
+    client = ClientConfig(heartbeat=load.heartbeat, connect_timeout=None)  # the launcher started the broker first
     try:
         summary = run_agent(
             address,
@@ -263,7 +263,7 @@ def _agent_process(
             progress=lambda report: reports.put(("progress", rank, report)),
             n=swarm.agents,
             heartbeat=client.heartbeat,
-            liveness=client.liveness,
+            broker_grace=LOCAL_BROKER_GRACE_S,  # the broker is a thread of the launcher, and pauses with it
             curve=curve,
         )
         reports.put(("done", rank, summary))

@@ -9,7 +9,7 @@ tensors, and it never imports torch itself.
 """
 
 from .broker import Broker
-from .client import BrokerUnavailable, GossipClient, GossipError, GossipTimeout, PublishResult
+from .client import BrokerUnavailable, GossipClient, GossipError, GossipStopped, GossipTimeout, PublishResult
 from .gossip import Gossip, MixError, MixResult, load_tensors, mix
 from .wire import PROTOCOL_VERSION, WireError
 
@@ -25,6 +25,7 @@ __all__ = [
     "WireError",
     "GossipError",
     "BrokerUnavailable",
+    "GossipStopped",
     "GossipTimeout",
     "PROTOCOL_VERSION",
 ]

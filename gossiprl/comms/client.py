@@ -41,6 +41,10 @@ class GossipTimeout(TimeoutError):
     """The broker is alive, but the turn lock did not open within the call's timeout."""
 
 
+class GossipStopped(Exception):
+    """The client's ``stop`` was set while a call waited on the broker: the caller is ending."""
+
+
 class _BrokerRestarted(Exception):
     """A reply carried another broker instance id: everything that broker knew about us is lost."""
 
@@ -58,6 +62,11 @@ class GossipClient:
     ``timeout`` bounds how long one call may wait for a turn lock (None: as long as the
     broker is alive). ``codec`` compresses floating tensors on the wire ("bf16", "fp16").
     ``curve=(secret_file, broker_public_file)`` authenticates to a CURVE broker (gossiprl.comms.keys).
+    The broker counts as gone after ``liveness`` heartbeats waited out in silence, and never before
+    ``broker_grace`` seconds of it: a broker that is a thread of a busy process (``gossiprl run``'s
+    launcher) pauses with that process, and its pauses are not its death. ``stop`` (an Event) ends
+    a wait on the broker within a heartbeat, raising GossipStopped: an agent told to stop must not
+    wait out that grace for a broker that died with its launcher.
     """
 
     def __init__(
@@ -75,6 +84,8 @@ class GossipClient:
         takeover: bool = False,
         context: zmq.Context | None = None,
         curve=None,
+        broker_grace: float = 0.0,
+        stop=None,
     ):
         keys.check_endpoint(address)
         if codec not in wire.CODECS:
@@ -83,6 +94,7 @@ class GossipClient:
             raise ValueError("heartbeat must be > 0 seconds and liveness >= 1")
         self.address, self.rank, self.codec = address, rank, codec
         self.timeout, self.heartbeat, self.liveness = timeout, heartbeat, liveness
+        self.broker_grace, self._stop = broker_grace, stop
         self._expect_n = n
         self._expect_digest = topology.digest() if topology is not None else None
         self._ctx = context or zmq.Context.instance()
@@ -498,11 +510,17 @@ class GossipClient:
         silent = 0
         while len(replies) < len(seqs):
             now = time.monotonic()
+            if self._stop is not None and self._stop.is_set():
+                raise GossipStopped(f"rank {self.rank}: stopped while waiting on the broker (round {self.round})")
             if timeout is not None and now - start > timeout:
-                raise GossipTimeout(
-                    f"rank {self.rank}: no turn within {timeout:.3g}s (round {self.round}; the broker is alive)"
+                heard = (
+                    "the broker is alive"
+                    if silent < self.liveness
+                    else f"broker last heard {now - last_heard:.3g}s ago"
                 )
-            if silent >= self.liveness and now - last_heard > self.heartbeat * self.liveness:
+                raise GossipTimeout(f"rank {self.rank}: no turn within {timeout:.3g}s (round {self.round}; {heard})")
+            window = max(self.heartbeat * self.liveness, self.broker_grace)
+            if silent >= self.liveness and now - last_heard > window:
                 raise self._unavailable(now - last_heard)
             wait = self.heartbeat if timeout is None else min(self.heartbeat, max(0.0, start + timeout - now))
             if not self._sock.poll(int(wait * 1000) + 1):

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .client import BrokerUnavailable, GossipClient, GossipTimeout
+from .client import BrokerUnavailable, GossipClient, GossipStopped, GossipTimeout
 from .tensors import (
     accumulator,
     as_like,
@@ -647,6 +647,8 @@ class Gossip:
             return None, self.client.round
         try:
             msgs = self.client.exchange({self.name: params}, checked=checked)
+        except GossipStopped:  # the agent is ending: this round is given up, and nothing is wrong
+            return None, self.client.round
         except (BrokerUnavailable, GossipTimeout) as err:
             self.failures += 1
             self._retry_at = time.monotonic() + self._next_backoff

@@ -330,6 +330,11 @@ class LearnerEnd:
         """Unrolls waiting for the learner."""
         return len(self.unrolls)
 
+    def reserved_missing(self) -> int:
+        """How many of the ``reserved`` actors (the learner's own) have not joined yet: actors from
+        elsewhere that joined count for nothing here."""
+        return len(self.reserved - set(self._actors))
+
     def close(self) -> None:
         """Tell every actor to stop, and stop serving."""
         if getattr(self, "_thread", None) is not None:

@@ -217,14 +217,13 @@ class ActorProcesses:
     def wait_for_joins(self) -> None:
         """Return once every actor process has joined: each imports torch and builds its envs first,
         which on a loaded host takes many seconds, and the learner's clock (its frames/s, its first
-        updates) should not count that."""
+        updates) should not count that. Its own by name: actors from elsewhere may join first."""
         deadline = time.monotonic() + START_S
-        while self.end.joined < len(self.processes):
+        while self.end.reserved_missing():
             self.check_processes()
             if time.monotonic() > deadline:
-                raise ActorFailed(
-                    f"only {self.end.joined} of {len(self.processes)} actor processes joined within {START_S:g} s"
-                )
+                joined = len(self.processes) - self.end.reserved_missing()
+                raise ActorFailed(f"only {joined} of {len(self.processes)} actor processes joined within {START_S:g} s")
             time.sleep(0.1)
 
     def publish(self, flat_params: torch.Tensor, version: int) -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import gossiprl.comms.client
 import topologies
-from gossiprl import Broker, BrokerUnavailable, Gossip, GossipClient, mix
+from gossiprl import Broker, BrokerUnavailable, Gossip, GossipClient, GossipStopped, mix
 from helpers import agent_pids, free_port, wait_for
 
 FAST = {"heartbeat": 0.1, "liveness": 10}  # broker declared gone after 1 s: survives a loaded CI machine
@@ -246,6 +246,28 @@ def test_a_pause_of_the_whole_process_is_not_a_silent_broker(monkeypatch):
         offset["next"] = 5.0  # after the call's first reading the clock stands 5 s on: 16 windows of QUICK
         client.ping()
         client.close()
+
+
+def test_broker_grace_outwaits_a_paused_broker_and_stop_ends_the_wait_at_once():
+    """gossiprl run's agents allow their broker, a thread of the launcher, 10 s of silence; a
+    launcher that dies sets their stop, which must not wait that grace out."""
+    broker = Broker(topologies.make("ring", 2)).start()
+    patient = GossipClient(broker.address, 0, broker_grace=1.5, **QUICK)
+    broker.close()
+    t0 = time.monotonic()
+    with pytest.raises(BrokerUnavailable):
+        patient.collect()
+    assert 1.5 <= time.monotonic() - t0 < 3.0  # the grace, not QUICK's 0.3 s window
+    patient.close()
+    stop = threading.Event()
+    with Broker(topologies.make("ring", 2)).start() as broker:
+        parked = GossipClient(broker.address, 0, broker_grace=60, stop=stop, **QUICK)
+        threading.Timer(0.5, stop.set).start()
+        t0 = time.monotonic()
+        with pytest.raises(GossipStopped):
+            parked.exchange({"x": np.zeros(4, np.float32)})  # rank 1 never publishes: parked on the turn
+        assert time.monotonic() - t0 < 1.0
+        parked.close()
 
 
 # ------------------------------------------------------------------ poison

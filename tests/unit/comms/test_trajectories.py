@@ -322,8 +322,9 @@ def test_the_learners_own_actors_keep_their_seats_when_others_joined_first(learn
         assert actors[0].join("CartPole-v1")["actor"] == 0  # the one seat for others
         with pytest.raises(tj.LearnerGone, match="admits at most 1 actors beside its own 1"):
             actors[1].join("CartPole-v1")
+        assert end.reserved_missing() == 1  # a stranger's join is not its own actor's: the learner waits on
         assert actors[2].join("CartPole-v1")["actor"] == 1  # its own, after the strangers
-        assert end.joined == 2 and end.refused_joins == 1
+        assert end.joined == 2 and end.refused_joins == 1 and end.reserved_missing() == 0
     finally:
         for actor in actors:
             actor.close()
