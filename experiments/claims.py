@@ -145,9 +145,16 @@ EXTRA = {
         *swarm_learning.CONTROL.items(),
     ],
     "learners": [("PPO, ring of 4", "PPO, 1 agent"), ("IMPALA, ring of 4", "IMPALA, 1 agent")],
+    "swarm_vs_one": [
+        (swarm_vs_one.RING_LR2, "ring of 4"),
+        (swarm_vs_one.RING_LR2, swarm_vs_one.ONE_LR2),
+        (swarm_vs_one.ONE_LR2, "1 agent"),
+        (swarm_vs_one.RING_LR2, swarm_vs_one.EQUAL_TOTAL),
+    ],
 }
 """Comparisons a study reports beside its claim's: swarm_learning's every ring against its control,
-and the learners study's ring of each learner against its one agent."""
+the learners study's ring of each learner against its one agent, and swarm_vs_one's learning-rate
+arms (does the ring's 4x batch take a larger step, and does one agent gain from it alike?)."""
 
 EQUAL_TOTAL = {"swarm_vs_one": swarm_vs_one.EQUAL_TOTAL}
 """A study's arm trained as many frames as the whole swarm: compared with the swarm at equal total

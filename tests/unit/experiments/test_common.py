@@ -22,9 +22,11 @@ def test_a_window_too_short_for_every_cell_runs_the_small_and_short_ones_and_pla
     from experiments import swarm_vs_one
     from experiments.study import run_now
 
+    one, ring, lr2 = {"1 agent", swarm_vs_one.ONE_LR2}, {"ring of 4", swarm_vs_one.RING_LR2}, swarm_vs_one.RING_LR2
     cells, _ = swarm_vs_one.build(False, 1_000_000, [1, 2])
-    assert len(run_now(cells, None, None)) == 6
+    assert len(run_now(cells, None, None)) == 10
     short = run_now(cells, None, 1_000_000)  # the ring's agents get 1M each; the 4M agent waits
-    assert {c.setting for c in short} == {"1 agent", "ring of 4"} and len(short) == 4
-    assert {c.setting for c in run_now(cells, 1, None)} == {"1 agent", swarm_vs_one.EQUAL_TOTAL}
-    assert {c.setting for c in run_now(cells, 1, 1_000_000)} == {"1 agent"}
+    assert {c.setting for c in short} == one | ring and len(short) == 8
+    assert {c.setting for c in run_now(cells, 1, None)} == one | {swarm_vs_one.EQUAL_TOTAL}
+    assert {c.setting for c in run_now(cells, 1, 1_000_000)} == one
+    assert {c.a2c.lr for c in cells if c.setting == lr2} == {2 * swarm_vs_one.LR}
