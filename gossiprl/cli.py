@@ -589,6 +589,17 @@ def metrics_listener(port: int | None, gossips: bool):
         raise click.ClickException(f"cannot serve stats on 127.0.0.1:{port}: {err.strerror}") from None
 
 
+def check_actors(cfg) -> None:
+    """Refuse IMPALA actor settings no learner could start with (``ImpalaConfig.check_actors``)
+    before anything starts: inside the agents each failed on its own, once the run had begun."""
+    if cfg.algo != "impala":
+        return
+    try:
+        cfg.impala.check_actors()
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+
+
 def check_device(device: str) -> None:
     """Refuse --device cuda up front: otherwise every agent dies on its own with a torch error."""
     import torch
@@ -645,6 +656,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
     )
     swarm = RUN_SETTINGS.build(SwarmConfig, values)
     cfg = RUN_SETTINGS.build(AgentConfig, values)
+    check_actors(cfg)
     check_device(cfg.device)
     threshold = check_env(cfg.env_id)
     if swarm.topology is not None:
@@ -793,6 +805,7 @@ def agent(ctx, config_file, **_):
     values = config.file_values(ctx, AGENT_SETTINGS, config_file)
     _check_agent_keys(client)
     cfg = AGENT_SETTINGS.build(AgentConfig, values)
+    check_actors(cfg)
     check_device(cfg.device)
     target = stop_target(own.stop_at_return, check_env(cfg.env_id))
     try:

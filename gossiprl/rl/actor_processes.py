@@ -149,22 +149,14 @@ class ActorProcesses:
     actor processes it spawns; with ``--actors-bind``, actors from other hosts may join as well."""
 
     def __init__(self, cfg, hp, seed: int, env_threads: int):
+        hp.check_actors()
         self.cfg, self.hp, self.seed = cfg, hp, seed
         probe = make_env(cfg.env_id, 1, seed, sticky_actions=cfg.sticky_actions, num_threads=1)
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         self.frames_per_step = probe.frames_per_step
         probe.close()
         self.env_threads = max(1, env_threads // hp.actors_per_agent)
-        if (hp.actors_curve_secret is None) != (hp.actors_curve_allow is None):
-            raise ValueError(
-                "--actors-curve-secret and --actors-curve-allow go together (the learner's key, its actors' keys)"
-            )
         self.curve = (hp.actors_curve_secret, hp.actors_curve_allow) if hp.actors_curve_secret else None
-        if hp.actors_bind is not None and not keys.is_loopback(keys.check_endpoint(hp.actors_bind)) and not self.curve:
-            raise ValueError(
-                f"--actors-bind {hp.actors_bind} is reachable from other hosts, whose actors could then feed this "
-                "learner: give it --actors-curve-secret and --actors-curve-allow (made by `gossiprl keys generate`)"
-            )
         self.processes: list[mp.Process] = []
         self.private_dir: str | None = None
         self.end: LearnerEnd | None = None

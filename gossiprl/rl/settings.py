@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gossiprl.comms import keys
 from gossiprl.comms.gossip import AGGREGATES
 from gossiprl.comms.settings import KEY_FILE
 
@@ -167,6 +168,24 @@ class ImpalaConfig:
     clip_rewards: bool | None = None
     """Clip rewards to [-1, 1] in the loss, as the paper does. None means: on for Atari, off
     otherwise. Logged episode returns are always the raw score."""
+
+    def check_actors(self) -> None:
+        """Refuse, in one line naming what is valid, actor settings no learner could start with.
+        `gossiprl run` and `gossiprl agent` ask before anything starts (inside the agents each
+        failed on its own, once the run had begun); the learner asks again for library callers."""
+        if (self.actors_curve_secret is None) != (self.actors_curve_allow is None):
+            raise ValueError(
+                "--actors-curve-secret and --actors-curve-allow go together (the learner's key, its actors' keys)"
+            )
+        if (
+            self.actors_bind is not None
+            and not keys.is_loopback(keys.check_endpoint(self.actors_bind))
+            and self.actors_curve_secret is None
+        ):
+            raise ValueError(
+                f"--actors-bind {self.actors_bind} is reachable from other hosts, whose actors could then feed this "
+                "learner: give it --actors-curve-secret and --actors-curve-allow (made by `gossiprl keys generate`)"
+            )
 
 
 LEARNERS = {"a2c": A2CConfig, "ppo": PPOConfig, "impala": ImpalaConfig}

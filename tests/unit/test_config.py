@@ -504,3 +504,30 @@ def test_the_broker_and_the_client_take_their_defaults_from_the_comms_settings()
     )
     one_agent = inspect.signature(launch.run_agent).parameters["gossip_timeout"].default
     assert SwarmConfig().gossip_timeout == one_agent  # a swarm's agents and one started alone wait alike
+
+
+@pytest.mark.parametrize("command", [["run"], ["agent", "--connect", "tcp://127.0.0.1:9", "--rank", 0]])
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--actors-curve-secret", "SECRET"], ["--actors-curve-secret and --actors-curve-allow go together"]),
+        (["--actors-curve-allow", "ALLOWED"], ["--actors-curve-secret and --actors-curve-allow go together"]),
+        (["--actors-bind", "tcp://0.0.0.0:5600"], ["0.0.0.0:5600 is reachable from other hosts", "--actors-curve"]),
+        (["--actors-bind", "5600"], ["5600 is not a ZeroMQ endpoint: give tcp://HOST:PORT"]),
+    ],
+)
+def test_actor_keys_without_their_pair_or_an_open_bind_without_keys_are_refused_before_anything_starts(
+    tmp_path, recorded, command, flags, words
+):
+    """These were raised inside each agent process, once `gossiprl run` had made the run dir and
+    started the broker and the agents."""
+    from gossiprl.comms import keys
+
+    _, secret = keys.generate(tmp_path / "learner", "learner")
+    keys.generate(tmp_path / "allowed", "remote")
+    flags = [{"SECRET": secret, "ALLOWED": tmp_path / "allowed"}.get(f, f) for f in flags]
+    result = invoke(*command, "--algo", "impala", *flags, "--run-dir", tmp_path / "r")
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1 and all(w in error[0] for w in words), result.output
+    assert recorded == [] and not (tmp_path / "r").exists()
