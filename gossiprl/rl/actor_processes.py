@@ -44,7 +44,8 @@ JOIN_S = 5.0
 """How long the learner waits for its actor processes to leave once told to stop, before it
 terminates them."""
 START_S = 600.0
-"""How long the learner waits for its actor processes to start and join."""
+"""How long the learner waits for its actor processes to start and join (with none of its own,
+for the first actor from elsewhere)."""
 LAST_WORD_S = 1.0
 """How long the learner waits, once an actor process has exited, for the FAILED it may have sent."""
 
@@ -149,13 +150,12 @@ class ActorProcesses:
     actor processes it spawns; with ``--actors-bind``, actors from other hosts may join as well."""
 
     def __init__(self, cfg, hp, seed: int, env_threads: int):
-        hp.check_actors()
         self.cfg, self.hp, self.seed = cfg, hp, seed
         probe = make_env(cfg.env_id, 1, seed, sticky_actions=cfg.sticky_actions, num_threads=1)
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         self.frames_per_step = probe.frames_per_step
         probe.close()
-        self.env_threads = max(1, env_threads // hp.actors_per_agent)
+        self.env_threads = max(1, env_threads // max(1, hp.actors_per_agent))
         self.curve = (hp.actors_curve_secret, hp.actors_curve_allow) if hp.actors_curve_secret else None
         self.processes: list[mp.Process] = []
         self.private_dir: str | None = None
@@ -209,14 +209,23 @@ class ActorProcesses:
     def wait_for_joins(self) -> None:
         """Return once every actor process has joined: each imports torch and builds its envs first,
         which on a loaded host takes many seconds, and the learner's clock (its frames/s, its first
-        updates) should not count that. Its own by name: actors from elsewhere may join first."""
+        updates) should not count that. Its own by name: actors from elsewhere may join first. A
+        learner with none of its own (--actors-per-agent 0) waits for the first from elsewhere."""
         deadline = time.monotonic() + START_S
-        while self.end.reserved_missing():
+        while self.end.reserved_missing() or not self.end.joined:
             self.check_processes()
             if time.monotonic() > deadline:
-                joined = len(self.processes) - self.end.reserved_missing()
-                raise ActorFailed(f"only {joined} of {len(self.processes)} actor processes joined within {START_S:g} s")
+                raise ActorFailed(self._missing())
             time.sleep(0.1)
+
+    def _missing(self) -> str:
+        if not self.processes:
+            return (
+                f"no actor joined {self.end.endpoint} within {START_S:g} s: with --actors-per-agent 0 this learner "
+                f"has only actors from elsewhere (gossiprl actor --connect {self.end.endpoint} --env {self.cfg.env_id})"
+            )
+        joined = len(self.processes) - self.end.reserved_missing()
+        return f"only {joined} of {len(self.processes)} actor processes joined within {START_S:g} s"
 
     def publish(self, flat_params: torch.Tensor, version: int) -> None:
         self.check_processes()  # once per update: the others' unrolls must not hide a dead actor

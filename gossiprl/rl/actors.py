@@ -71,6 +71,7 @@ class ActorPool:
     def __init__(self, cfg, hp, seed: int, env_threads: int):
         from gossiprl.rl.actor_processes import ActorProcesses
 
+        hp.check_actors()
         self.hp = hp
         placement = {"thread": ActorThreads, "process": ActorProcesses}[hp.actor_placement]
         self.actors = placement(cfg, hp, seed, env_threads)

@@ -109,9 +109,10 @@ class PPOConfig:
 
 @dataclass
 class ImpalaConfig:
-    actors_per_agent: int = field(default=2, metadata={"min": 1})
+    actors_per_agent: int = field(default=2, metadata={"min": 0})
     """Actors per learner, each stepping its own --num-envs envs with the newest parameters it has
-    been given (the paper's actors; one agent is one IMPALA learner)."""
+    been given (the paper's actors; one agent is one IMPALA learner). 0, with --actors-bind: only
+    actors from other hosts feed the learner, which waits for the first to join."""
     actor_placement: str = field(
         default="process", metadata={"choices": ACTOR_PLACEMENTS, "may_change_on_resume": True}
     )
@@ -170,9 +171,15 @@ class ImpalaConfig:
     otherwise. Logged episode returns are always the raw score."""
 
     def check_actors(self) -> None:
-        """Refuse, in one line naming what is valid, actor settings no learner could start with.
+        """Refuse, in one line naming what is valid, actor settings no learner could start with (or
+        one with no actors at all).
         `gossiprl run` and `gossiprl agent` ask before anything starts (inside the agents each
         failed on its own, once the run had begun); the learner asks again for library callers."""
+        if self.actors_per_agent == 0 and (self.actors_bind is None or self.actor_placement != "process"):
+            raise ValueError(
+                "--actors-per-agent 0 leaves the learner only actors from other hosts, which join with "
+                "--actor-placement process and --actors-bind tcp://HOST:PORT; without them give 1 or more"
+            )
         if (self.actors_curve_secret is None) != (self.actors_curve_allow is None):
             raise ValueError(
                 "--actors-curve-secret and --actors-curve-allow go together (the learner's key, its actors' keys)"

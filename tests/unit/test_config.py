@@ -531,3 +531,27 @@ def test_actor_keys_without_their_pair_or_an_open_bind_without_keys_are_refused_
     error = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(error) == 1 and all(w in error[0] for w in words), result.output
     assert recorded == [] and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--actors-per-agent", 0],
+        ["--actors-per-agent", 0, "--actor-placement", "thread", "--actors-bind", "tcp://127.0.0.1:5600"],
+    ],
+)
+def test_no_actors_of_its_own_without_actors_from_elsewhere_is_refused_naming_what_is_valid(tmp_path, recorded, flags):
+    result = invoke("run", "--algo", "impala", *flags, "--run-dir", tmp_path / "r", "--no-progress")
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    words = ["--actors-per-agent 0", "--actor-placement process and --actors-bind tcp://HOST:PORT", "give 1 or more"]
+    assert len(error) == 1 and all(w in error[0] for w in words), result.output
+    assert recorded == [] and not (tmp_path / "r").exists()
+
+
+def test_a_learner_fed_only_by_actors_from_elsewhere_is_accepted(tmp_path, recorded):
+    args = ["--actors-per-agent", 0, "--actors-bind", "tcp://127.0.0.1:5600", "--run-dir", tmp_path / "r"]
+    result = invoke("run", "--algo", "impala", *args, "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (_, cfg, _), _ = recorded[0]
+    assert (cfg.impala.actors_per_agent, cfg.impala.actors_bind) == (0, "tcp://127.0.0.1:5600")

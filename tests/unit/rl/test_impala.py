@@ -4,6 +4,7 @@ import copy
 import math
 import os
 import signal
+import threading
 import time
 from dataclasses import replace
 
@@ -204,6 +205,39 @@ def test_with_curve_keys_the_learners_own_actor_process_joins_and_trains(tmp_pat
     finally:
         source.close()
     assert source.actors.end.joined == 1 and len(source.taken) == 2 and stats["impala/refused_joins_total"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_learner_with_no_actors_of_its_own_trains_on_the_first_from_elsewhere():
+    """--actors-per-agent 0 with --actors-bind: the field's minimum was 1, and the learner divided
+    its env threads by its actor count. It now waits for an actor from elsewhere, and trains on it."""
+    source = pool(actors_per_agent=0, actor_placement="process", actors_bind=f"tcp://127.0.0.1:{free_port()}")
+    stop = threading.Event()
+    remote = threading.Thread(
+        target=actor_processes.run_actor, args=(source.actors.hp.actors_bind, "CartPole-v1"), kwargs={"stop": stop}
+    )
+    remote.start()  # first, as an actor on another host may be: it waits for the learner to bind
+    try:
+        start(source)
+        stats = [source.next(version) for version in range(3)]
+    finally:
+        source.close()
+        stop.set()
+        remote.join(30)
+    assert not remote.is_alive() and source.actors.processes == [] and source.actors.end.joined == 1
+    assert all(trajectory.actor == 0 for trajectory in source.taken) and len(stats) == 3
+
+
+def test_a_learner_with_no_actors_of_its_own_says_so_when_none_joins(monkeypatch):
+    monkeypatch.setattr(actor_processes, "START_S", 0.3)
+    source = pool(actors_per_agent=0, actor_placement="process", actors_bind=f"tcp://127.0.0.1:{free_port()}")
+    try:
+        with pytest.raises(
+            ActorFailed, match=r"^no actor joined tcp://127\.0\.0\.1:\d+ within 0\.3 s: .* --env CartPole-v1\)$"
+        ):
+            start(source)
+    finally:
+        source.close()
 
 
 def test_an_actor_thread_that_fails_ends_the_learner_with_its_error(monkeypatch):
