@@ -589,13 +589,14 @@ def metrics_listener(port: int | None, gossips: bool):
         raise click.ClickException(f"cannot serve stats on 127.0.0.1:{port}: {err.strerror}") from None
 
 
-def check_actors(cfg) -> None:
-    """Refuse IMPALA actor settings no learner could start with (``ImpalaConfig.check_actors``)
-    before anything starts: inside the agents each failed on its own, once the run had begun."""
+def check_actors(cfg, last_rank: int) -> None:
+    """Refuse IMPALA actor settings no learner of ranks up to ``last_rank`` could start with
+    (``ImpalaConfig.check_actors``) before anything starts: inside the agents each failed on its
+    own, once the run had begun."""
     if cfg.algo != "impala":
         return
     try:
-        cfg.impala.check_actors()
+        cfg.impala.check_actors(last_rank)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
 
@@ -656,7 +657,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
     )
     swarm = RUN_SETTINGS.build(SwarmConfig, values)
     cfg = RUN_SETTINGS.build(AgentConfig, values)
-    check_actors(cfg)
+    check_actors(cfg, last_rank=swarm.agents - 1)
     check_device(cfg.device)
     threshold = check_env(cfg.env_id)
     if swarm.topology is not None:
@@ -805,13 +806,13 @@ def agent(ctx, config_file, **_):
     values = config.file_values(ctx, AGENT_SETTINGS, config_file)
     _check_agent_keys(client)
     cfg = AGENT_SETTINGS.build(AgentConfig, values)
-    check_actors(cfg)
-    check_device(cfg.device)
-    target = stop_target(own.stop_at_return, check_env(cfg.env_id))
     try:
         rank = launch.rank_from_environment(own.rank)
     except launch.RunError as err:
         raise click.UsageError(str(err)) from None
+    check_actors(cfg, last_rank=rank)
+    check_device(cfg.device)
+    target = stop_target(own.stop_at_return, check_env(cfg.env_id))
     per_host = launch.local_size_from_environment(cfg.agents_per_host)
     cfg = replace(cfg, agents_per_host=per_host or 1, stop_at_return=target)
     run_dir = where.run_dir or Path("runs") / "agents"

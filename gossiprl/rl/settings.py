@@ -123,7 +123,9 @@ class ImpalaConfig:
     """With --actor-placement process: the endpoint (tcp://HOST:PORT) where actors from other hosts
     join this learner with `gossiprl actor --connect`, beside its own --actors-per-agent (at most
     --queue-size of them: more could never all hold a credit at once); a port of * picks a free one
-    (printed). None: a private ipc:// socket for the learner's own actors only."""
+    (printed). A fixed port is agent 0's: agent r binds PORT + r, so that the learners of one host
+    each have a port of their own (each prints its endpoint). None: a private ipc:// socket for the
+    learner's own actors only."""
     actors_curve_secret: Path | None = field(default=None, metadata={"path": KEY_FILE, "may_change_on_resume": True})
     """The learner's CURVE secret key for --actors-bind (NAME.key_secret from `gossiprl keys generate`):
     required on an address other hosts can reach."""
@@ -170,11 +172,29 @@ class ImpalaConfig:
     """Clip rewards to [-1, 1] in the loss, as the paper does. None means: on for Atari, off
     otherwise. Logged episode returns are always the raw score."""
 
-    def check_actors(self) -> None:
+    def actors_endpoint(self, rank: int) -> str | None:
+        """Where agent ``rank``'s learner binds for actors from elsewhere: --actors-bind, a fixed tcp
+        port moved up by the rank. The learners of one host (`gossiprl run --agents 4`, or the
+        `gossiprl agent`s a scheduler starts side by side) all bound the one port, and all but the
+        first failed; PORT + rank keeps each learner's port known before it starts, for the
+        scripts that start its actors. A port of * (each picks a free one) and an ipc:// path are as given."""
+        if self.actors_bind is None:
+            return None
+        head, _, port = keys.check_endpoint(self.actors_bind).rpartition(":")
+        if not self.actors_bind.startswith("tcp://") or not port.isdigit():
+            return self.actors_bind
+        if int(port) + rank > 65535:
+            raise ValueError(
+                f"--actors-bind {self.actors_bind}: agent {rank} would bind port {int(port) + rank} (agent r binds "
+                "PORT + r), past 65535; give a lower PORT, or * for free ones"
+            )
+        return f"{head}:{int(port) + rank}"
+
+    def check_actors(self, last_rank: int = 0) -> None:
         """Refuse, in one line naming what is valid, actor settings no learner could start with (or
-        one with no actors at all).
-        `gossiprl run` and `gossiprl agent` ask before anything starts (inside the agents each
-        failed on its own, once the run had begun); the learner asks again for library callers."""
+        one with no actors at all), for agents ranked up to ``last_rank``. `gossiprl run` and
+        `gossiprl agent` ask before anything starts (inside the agents each failed on its own,
+        once the run had begun); the learner asks again for library callers."""
         if self.actors_per_agent == 0 and (self.actors_bind is None or self.actor_placement != "process"):
             raise ValueError(
                 "--actors-per-agent 0 leaves the learner only actors from other hosts, which join with "
@@ -184,11 +204,8 @@ class ImpalaConfig:
             raise ValueError(
                 "--actors-curve-secret and --actors-curve-allow go together (the learner's key, its actors' keys)"
             )
-        if (
-            self.actors_bind is not None
-            and not keys.is_loopback(keys.check_endpoint(self.actors_bind))
-            and self.actors_curve_secret is None
-        ):
+        endpoint = self.actors_endpoint(last_rank)  # a malformed endpoint, or a port past 65535, stops here
+        if endpoint is not None and not keys.is_loopback(endpoint) and self.actors_curve_secret is None:
             raise ValueError(
                 f"--actors-bind {self.actors_bind} is reachable from other hosts, whose actors could then feed this "
                 "learner: give it --actors-curve-secret and --actors-curve-allow (made by `gossiprl keys generate`)"

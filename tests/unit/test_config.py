@@ -555,3 +555,16 @@ def test_a_learner_fed_only_by_actors_from_elsewhere_is_accepted(tmp_path, recor
     assert result.exit_code == 1 and "recorded" in result.output, result.output
     (_, cfg, _), _ = recorded[0]
     assert (cfg.impala.actors_per_agent, cfg.impala.actors_bind) == (0, "tcp://127.0.0.1:5600")
+
+
+@pytest.mark.parametrize(
+    "command", [["run", "--agents", 4, "--no-progress"], ["agent", "--connect", "tcp://127.0.0.1:9", "--rank", 3]]
+)
+def test_an_actors_port_that_some_agents_rank_would_push_past_65535_is_refused(tmp_path, recorded, command):
+    """Agent r binds PORT + r: agent 3 of 65534 would bind 65537, which no socket can."""
+    result = invoke(*command, "--algo", "impala", "--actors-bind", "tcp://127.0.0.1:65534", "--run-dir", tmp_path / "r")
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    words = ["agent 3 would bind port 65537 (agent r binds PORT + r), past 65535", "give a lower PORT, or *"]
+    assert len(error) == 1 and all(w in error[0] for w in words), result.output
+    assert recorded == [] and not (tmp_path / "r").exists()

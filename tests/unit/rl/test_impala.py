@@ -240,6 +240,29 @@ def test_a_learner_with_no_actors_of_its_own_says_so_when_none_joins(monkeypatch
         source.close()
 
 
+@pytest.mark.parametrize(
+    "bind,rank,bound",
+    [
+        ("tcp://127.0.0.1:5600", 0, "tcp://127.0.0.1:5600"),
+        ("tcp://127.0.0.1:5600", 3, "tcp://127.0.0.1:5603"),
+        ("tcp://[::1]:5600", 2, "tcp://[::1]:5602"),
+        ("tcp://127.0.0.1:*", 3, "tcp://127.0.0.1:*"),
+        (None, 3, None),
+    ],
+)
+def test_agent_r_binds_port_plus_r_for_its_actors(monkeypatch, bind, rank, bound):
+    """`gossiprl run --agents 4 --actors-bind tcp://127.0.0.1:5600` made every learner bind 5600,
+    and all but the first failed: agent r now binds 5600 + r, on `gossiprl agent` as on `run`."""
+    from gossiprl import agent_process
+    from gossiprl.rl import agent
+
+    handed = []
+    monkeypatch.setattr(agent, "train", lambda cfg, run_dir, **_: handed.append(cfg.impala.actors_bind))
+    cfg = AgentConfig(algo="impala", impala=ImpalaConfig(actors_bind=bind))
+    agent_process.run_agent(None, rank, cfg, "unused", progress_every=0)
+    assert handed == [bound]
+
+
 def test_an_actor_thread_that_fails_ends_the_learner_with_its_error(monkeypatch):
     source = pool(actor_placement="thread")
 
