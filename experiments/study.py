@@ -97,13 +97,20 @@ def command(study: Study) -> click.Command:
         "planned, and RESULTS.md lists them as missing until run).",
     )
     @click.option(
+        "--only",
+        "only",
+        multiple=True,
+        help="Run only the cells of this setting now (repeat for several; the others stay planned, and "
+        "RESULTS.md lists them as missing until run): e.g. arms another study's cache already holds.",
+    )
+    @click.option(
         "--out",
         type=click.Path(file_okay=False, path_type=Path),
         default=None,
         help=f"Results dir; give an existing one to resume it, experiments/results/{study.name} to update the "
         f"committed results [default: a fresh runs/{study.name}-<time>/, or a temporary dir with --quick].",
     )
-    def main(quick, seeds, frames, env_id, eval_episodes, max_agents, max_frames_per_agent, out):
+    def main(quick, seeds, frames, env_id, eval_episodes, max_agents, max_frames_per_agent, only, out):
         env_id = env_id or (QUICK_ENV if quick else REAL_ENV)
         try:
             threshold = env_spec(env_id)
@@ -115,6 +122,11 @@ def command(study: Study) -> click.Command:
         cells, settings = planned_cells(study, quick, frames, seed_list)
         if not cells:
             raise click.UsageError(f"{study.name}: nothing to run here ({settings or 'no settings'})")
+        unknown = [s for s in only if s not in settings]
+        if unknown:
+            raise click.BadParameter(
+                f"{study.name} has no setting {unknown[0]!r}; its settings: {'; '.join(settings)}", param_hint="--only"
+            )
         out.mkdir(parents=True, exist_ok=True)
         (out / "study.json").write_text(
             json.dumps(
@@ -138,7 +150,7 @@ def command(study: Study) -> click.Command:
             f"{study.title}: {len(cells)} cells ({len(settings)} settings x {len(seed_list)} seeds), "
             f"{frames:,} frames each on {env_id} -> {out}"
         )
-        cells = run_now(cells, max_agents, max_frames_per_agent)
+        cells = run_now(cells, max_agents, max_frames_per_agent, only)
         rows = run_study(cells, out, env_id, threshold, eval_episodes or default_eval_episodes(quick), echo=click.echo)
         finish(study, out, rows, settings, env_id, threshold)
 
@@ -150,14 +162,17 @@ def default_eval_episodes(quick: bool) -> int:
     return 3 if quick else 10
 
 
-def run_now(cells: list[Cell], max_agents: int | None, max_frames_per_agent: int | None) -> list[Cell]:
+def run_now(
+    cells: list[Cell], max_agents: int | None, max_frames_per_agent: int | None, only: tuple[str, ...] = ()
+) -> list[Cell]:
     """The planned cells to run in this invocation: the small and short ones first, when a window of
-    machine time is too short for all (the rest stay planned, and resume later)."""
+    machine time is too short for all, or only some settings (the rest stay planned, and resume later)."""
     return [
         c
         for c in cells
         if (max_agents is None or c.agents <= max_agents)
         and (max_frames_per_agent is None or c.total_frames // c.agents <= max_frames_per_agent)
+        and (not only or c.setting in only)
     ]
 
 

@@ -54,7 +54,8 @@ def build(quick: bool, frames_per_agent: int, seeds: list[int]) -> tuple[list[Ce
 STUDY = Study(
     "swarm_vs_one",
     "A ring of 4 against one agent",
-    "with gossiprl run's defaults, does each agent of a ring of 4 learn at least as much per frame as one agent?",
+    "with gossiprl run's defaults, does each agent of a ring of 4 learn at least as much per frame as one agent? "
+    "And does twice the learning rate turn the ring's 4x batch into more learning, where it does not for one agent?",
     build,
     real_frames=1_000_000,
     quick_frames=4_000,

@@ -30,3 +30,15 @@ def test_a_window_too_short_for_every_cell_runs_the_small_and_short_ones_and_pla
     assert {c.setting for c in run_now(cells, 1, None)} == one | {swarm_vs_one.EQUAL_TOTAL}
     assert {c.setting for c in run_now(cells, 1, 1_000_000)} == one
     assert {c.a2c.lr for c in cells if c.setting == lr2} == {2 * swarm_vs_one.LR}
+    assert {(c.setting, c.seed) for c in run_now(cells, None, None, (lr2,))} == {(lr2, 1), (lr2, 2)}
+
+
+def test_only_an_unknown_setting_is_refused_naming_the_studys_settings(tmp_path):
+    from click.testing import CliRunner
+
+    from experiments import swarm_vs_one
+
+    result = CliRunner().invoke(swarm_vs_one.main, ["--only", "ring of 5", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "swarm_vs_one has no setting 'ring of 5'; its settings: 1 agent; ring of 4;" in result.output
+    assert not (tmp_path / "out").exists()  # refused before anything was written
