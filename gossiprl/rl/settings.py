@@ -120,12 +120,12 @@ class ImpalaConfig:
     learner over ZeroMQ (and may run on another host, with --actors-bind), or 'thread', threads of
     the learner's process handing them over through an in-process queue (docs/algorithm.md, IMPALA)."""
     actors_bind: str | None = field(default=None, metadata={"may_change_on_resume": True})
-    """With --actor-placement process: the endpoint (tcp://HOST:PORT) where actors from other hosts
-    join this learner with `gossiprl actor --connect`, beside its own --actors-per-agent (at most
-    --queue-size of them: more could never all hold a credit at once); a port of * picks a free one
-    (printed). A fixed port is agent 0's: agent r binds PORT + r, so that the learners of one host
-    each have a port of their own (each prints its endpoint). None: a private ipc:// socket for the
-    learner's own actors only."""
+    """With --actor-placement process: the endpoint (tcp://HOST:PORT, or ipc://PATH for actors of
+    this host) where actors from elsewhere join this learner with `gossiprl actor --connect`, beside
+    its own --actors-per-agent (at most --queue-size of them: more could never all hold a credit at
+    once); a port of * picks a free one (printed). A fixed port or a path is agent 0's: agent r
+    binds PORT + r, or PATH-r, so that the learners of one host each have their own (each prints
+    its endpoint). None: a private ipc:// socket for the learner's own actors only."""
     actors_curve_secret: Path | None = field(default=None, metadata={"path": KEY_FILE, "may_change_on_resume": True})
     """The learner's CURVE secret key for --actors-bind (NAME.key_secret from `gossiprl keys generate`):
     required on an address other hosts can reach."""
@@ -174,14 +174,20 @@ class ImpalaConfig:
 
     def actors_endpoint(self, rank: int) -> str | None:
         """Where agent ``rank``'s learner binds for actors from elsewhere: --actors-bind, a fixed tcp
-        port moved up by the rank. The learners of one host (`gossiprl run --agents 4`, or the
-        `gossiprl agent`s a scheduler starts side by side) all bound the one port, and all but the
-        first failed; PORT + rank keeps each learner's port known before it starts, for the
-        scripts that start its actors. A port of * (each picks a free one) and an ipc:// path are as given."""
+        port moved up by the rank, an ipc:// path suffixed with it (agent 0's as given). The
+        learners of one host (`gossiprl run --agents 4`, or the `gossiprl agent`s a scheduler starts
+        side by side) all bound the one port, and all but the first failed; on one path ZeroMQ let
+        each take the socket file over from the one before, without an error, so every actor
+        joined the last. PORT + rank and PATH-rank keep each learner's endpoint known before it
+        starts, for the scripts that start its actors. A port or path of * (each picks a free one)
+        is as given."""
         if self.actors_bind is None:
             return None
-        head, _, port = keys.check_endpoint(self.actors_bind).rpartition(":")
-        if not self.actors_bind.startswith("tcp://") or not port.isdigit():
+        transport, _, rest = keys.check_endpoint(self.actors_bind).partition("://")
+        if transport == "ipc" and rest != "*":
+            return self.actors_bind if rank == 0 else f"{self.actors_bind}-{rank}"
+        head, _, port = self.actors_bind.rpartition(":")
+        if transport != "tcp" or not port.isdigit():
             return self.actors_bind
         if int(port) + rank > 65535:
             raise ValueError(

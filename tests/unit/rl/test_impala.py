@@ -247,12 +247,17 @@ def test_a_learner_with_no_actors_of_its_own_says_so_when_none_joins(monkeypatch
         ("tcp://127.0.0.1:5600", 3, "tcp://127.0.0.1:5603"),
         ("tcp://[::1]:5600", 2, "tcp://[::1]:5602"),
         ("tcp://127.0.0.1:*", 3, "tcp://127.0.0.1:*"),
+        ("ipc:///run/gossiprl/actors", 0, "ipc:///run/gossiprl/actors"),
+        ("ipc:///run/gossiprl/actors", 2, "ipc:///run/gossiprl/actors-2"),
+        ("ipc://*", 2, "ipc://*"),
         (None, 3, None),
     ],
 )
-def test_agent_r_binds_port_plus_r_for_its_actors(monkeypatch, bind, rank, bound):
+def test_agent_r_binds_port_plus_r_or_path_r_for_its_actors(monkeypatch, bind, rank, bound):
     """`gossiprl run --agents 4 --actors-bind tcp://127.0.0.1:5600` made every learner bind 5600,
-    and all but the first failed: agent r now binds 5600 + r, on `gossiprl agent` as on `run`."""
+    and all but the first failed: agent r now binds 5600 + r, on `gossiprl agent` as on `run`.
+    On one ipc:// path each learner took the socket file over from the one before without an
+    error, so every actor joined the last: agent r now binds PATH-r."""
     from gossiprl import agent_process
     from gossiprl.rl import agent
 
