@@ -198,13 +198,19 @@ class ImpalaConfig:
 
     def check_actors(self, last_rank: int = 0) -> None:
         """Refuse, in one line naming what is valid, actor settings no learner could start with (or
-        one with no actors at all), for agents ranked up to ``last_rank``. `gossiprl run` and
-        `gossiprl agent` ask before anything starts (inside the agents each failed on its own,
-        once the run had begun); the learner asks again for library callers."""
+        one with no actors at all, or one that would ignore --actors-bind), for agents ranked up to
+        ``last_rank``. `gossiprl run` and `gossiprl agent` ask before anything starts (inside
+        the agents each failed on its own, once the run had begun); the learner asks again for
+        library callers."""
         if self.actors_per_agent == 0 and (self.actors_bind is None or self.actor_placement != "process"):
             raise ValueError(
                 "--actors-per-agent 0 leaves the learner only actors from other hosts, which join with "
                 "--actor-placement process and --actors-bind tcp://HOST:PORT; without them give 1 or more"
+            )
+        if self.actors_bind is not None and self.actor_placement != "process":
+            raise ValueError(
+                "--actors-bind takes actors from elsewhere, which only actor processes have a channel for: with "
+                f"--actor-placement {self.actor_placement} leave it out, or give --actor-placement process"
             )
         if (self.actors_curve_secret is None) != (self.actors_curve_allow is None):
             raise ValueError(
