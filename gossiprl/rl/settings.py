@@ -199,9 +199,9 @@ class ImpalaConfig:
     def check_actors(self, last_rank: int = 0) -> None:
         """Refuse, in one line naming what is valid, actor settings no learner could start with (or
         one with no actors at all, or one that would ignore --actors-bind), for agents ranked up to
-        ``last_rank``. `gossiprl run` and `gossiprl agent` ask before anything starts (inside
-        the agents each failed on its own, once the run had begun); the learner asks again for
-        library callers."""
+        ``last_rank``. `gossiprl run`, `gossiprl agent` and ``launch.run`` ask before anything
+        starts (inside the agents each failed on its own, once the run had begun); the learner asks
+        again for callers of ``train``."""
         if self.actors_per_agent == 0 and (self.actors_bind is None or self.actor_placement != "process"):
             raise ValueError(
                 "--actors-per-agent 0 leaves the learner only actors from other hosts, which join with "
@@ -293,6 +293,12 @@ class AgentConfig:
     """PPO's hyperparameters (CleanRL's defaults), used with --algo ppo."""
     impala: ImpalaConfig = field(default_factory=ImpalaConfig)
     """IMPALA's hyperparameters (the paper's defaults), used with --algo impala."""
+
+    def check_actors(self, last_rank: int = 0) -> None:
+        """``ImpalaConfig.check_actors`` when --algo is impala: the other learners have no actors,
+        and ignore IMPALA's section whatever it holds."""
+        if self.algo == "impala":
+            self.impala.check_actors(last_rank)
 
 
 def host_cores() -> int:
