@@ -593,10 +593,8 @@ def check_actors(cfg, last_rank: int) -> None:
     """Refuse IMPALA actor settings no learner of ranks up to ``last_rank`` could start with
     (``ImpalaConfig.check_actors``) before anything starts: inside the agents each failed on its
     own, once the run had begun."""
-    if cfg.algo != "impala":
-        return
     try:
-        cfg.impala.check_actors(last_rank)
+        cfg.check_actors(last_rank)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
 

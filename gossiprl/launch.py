@@ -554,9 +554,12 @@ def run(
     ``agents_per_host``) is set from the swarm, whatever ``agent_cfg`` held. ``track``
     ({"project", "entity"}) mirrors the swarm's TensorBoard run to Weights & Biases;
     ``metrics_port`` serves the broker's stats on loopback (``gossiprl top``, Prometheus): a port,
-    or a socket ``monitor.listen`` bound already."""
+    or a socket ``monitor.listen`` bound already. Actor settings no IMPALA learner could start with
+    raise ValueError before anything starts, as `gossiprl run` refuses them: each agent would
+    otherwise fail on its own, once the run dir and the broker were made."""
     from .rl.swarmlog import SwarmLog
 
+    agent_cfg.check_actors(last_rank=swarm.agents - 1)
     topo = make_topology(swarm)
     agent_cfg = replace(
         agent_cfg, agents_per_host=swarm.agents, total_frames=max(1, swarm.total_frames // swarm.agents)

@@ -161,7 +161,7 @@ class ActorProcesses:
         self.private_dir: str | None = None
         self.end: LearnerEnd | None = None
 
-    def start(self, flat_params: torch.Tensor) -> None:
+    def start(self, flat_params: torch.Tensor, stop=None) -> None:
         bind = self.hp.actors_bind
         if bind is None:  # only this learner's own processes: a socket in a 0700 directory
             self.private_dir = tempfile.mkdtemp(prefix="gossiprl-actors-")
@@ -204,15 +204,19 @@ class ActorProcesses:
             )
             process.start()
             self.processes.append(process)
-        self.wait_for_joins()
+        self.wait_for_joins(stop)
 
-    def wait_for_joins(self) -> None:
+    def wait_for_joins(self, stop=None) -> None:
         """Return once every actor process has joined: each imports torch and builds its envs first,
         which on a loaded host takes many seconds, and the learner's clock (its frames/s, its first
         updates) should not count that. Its own by name: actors from elsewhere may join first. A
-        learner with none of its own (--actors-per-agent 0) waits for the first from elsewhere."""
+        learner with none of its own (--actors-per-agent 0) waits for the first from elsewhere.
+        Return at once when ``stop`` is set: the wait is up to START_S, and a stopped agent that
+        sat it out was killed by its launcher first."""
         deadline = time.monotonic() + START_S
         while self.end.reserved_missing() or not self.end.joined:
+            if stop is not None and stop.is_set():
+                return
             self.check_processes()
             if time.monotonic() > deadline:
                 raise ActorFailed(self._missing())

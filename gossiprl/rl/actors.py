@@ -81,8 +81,8 @@ class ActorPool:
         self.taken: list[Trajectory] = []
         """The last batch's trajectories, in the order they fill its columns."""
 
-    def start(self, model: nn.Module, flat_params: torch.Tensor, device: torch.device) -> Batch:
-        self.flat_params = flat_params
+    def start(self, model: nn.Module, flat_params: torch.Tensor, device: torch.device, stop=None) -> Batch:
+        self.flat_params, self.stop = flat_params, stop
         obs_dtype = torch.from_numpy(self.observation_space.sample()).dtype
         self.batch = Batch(
             self.hp.n_steps,
@@ -92,11 +92,13 @@ class ActorPool:
             device,
             int(self.action_space.n),
         )
-        self.actors.start(flat_params)
+        self.actors.start(flat_params, stop)
         return self.batch
 
-    def next(self, version: int) -> dict[str, float]:
-        """Publish the learner's parameters as ``version``, then wait for ``batch_size`` unrolls."""
+    def next(self, version: int) -> dict[str, float] | None:
+        """Publish the learner's parameters as ``version``, then wait for ``batch_size`` unrolls; None
+        once ``stop`` is set while it waits: actors from elsewhere may all have left, and with none of
+        its own (--actors-per-agent 0) the learner waited for ever, until its launcher killed it."""
         self.actors.publish(self.flat_params, version)
         depth = self.actors.depth()
         self.taken = []
@@ -104,6 +106,8 @@ class ActorPool:
             trajectory = self.actors.take(POLL_S)
             if trajectory is not None:
                 self.taken.append(trajectory)
+            elif self.stop is not None and self.stop.is_set():
+                return None
         width = self.hp.num_envs
         for j, trajectory in enumerate(self.taken):
             columns = slice(j * width, (j + 1) * width)
@@ -223,7 +227,8 @@ class ActorThreads:
         self.stop = threading.Event()
         self.actors: list[Actor] = []
 
-    def start(self, flat_params: torch.Tensor) -> None:
+    def start(self, flat_params: torch.Tensor, stop=None) -> None:
+        """``stop`` goes unused: threads are running once started, with no join to wait for."""
         self.board = ParameterBoard(flat_params)
         for a, envs in enumerate(self.envs):
             copy = make_model(self.observation_space, self.action_space)

@@ -89,7 +89,9 @@ def train(
     """Train one agent into ``run_dir/agent-<rank>/`` and return a summary.
 
     ``stop`` is any Event-like object (threading or multiprocessing); setting it ends the
-    loop after the current update, with a final log row and checkpoint. ``progress`` gets,
+    loop after the current update, with a final log row and checkpoint, or while the rollout
+    source waits for others (IMPALA's learner for its actors: they may never come) with those
+    of the last update, if this session made one. ``progress`` gets,
     about once a second and at the end, ``{"frames", "wall_s", "gossip_s", "returns",
     "consensus_distance"}``: this agent's frames so far, its seconds of training and of gossip
     in this session, the returns of the episodes finished since the previous report, so a
@@ -110,7 +112,7 @@ def train(
     a = _Agent.build(cfg, rank, gossip, checkpoint, tally.updates)
     if resume and not checkpoint:  # rejoining a running swarm with no checkpoint of our own: start from the neighbours'
         _adopt(gossip, a.flat_params, rank, agent_dir)
-    a.start_rollout()
+    a.start_rollout(stop)
     log = MetricsLog(agent_dir, resume, purge_step=tally.frames if checkpoint else None)
     tally.start()
     losses: dict = {}
@@ -121,21 +123,18 @@ def train(
     finished = tally.frames >= cfg.total_frames or (stop is not None and stop.is_set())
     while not finished:
         t0 = time.perf_counter()
-        tally.add_source_stats(a.source.next(tally.updates))
-        t1 = time.perf_counter()
-        losses = a.learner.update(a.model, a.optimizer, a.rollout, a.hp, progress=tally.frames / cfg.total_frames)
-        tally.updates += 1
-        tally.frames += a.frames_per_update
-        t2 = time.perf_counter()
-        if gossip is not None and tally.updates % cfg.gossip_every == 0:
-            gossip_stats = {k: float(v) for k, v in gossip.exchange(a.flat_params).items()}
-            tally.timing["gossip_wait"] += gossip_stats.get("gossip/wait_s", 0.0)
-            tally.timing["mix"] += gossip_stats.get("gossip/mix_s", 0.0)
-        tally.timed(t0, t1, t2, time.perf_counter())
-        tally.add_episodes(a.source.pop_episodes())
-        finished = (
-            tally.solved(cfg.stop_at_return) or tally.frames >= cfg.total_frames or (stop is not None and stop.is_set())
-        )
+        stats = a.source.next(tally.updates)
+        if stats is None:  # stopped while the source waited (IMPALA's actors): the last update was the final one
+            if tally.updates == tally.start_updates:
+                break  # none in this session: nothing learned to log or save, as after a stop before the loop
+            finished = True
+        else:
+            losses, gossip_stats = _update(a, cfg, tally, gossip, stats, t0, gossip_stats)
+            finished = (
+                tally.solved(cfg.stop_at_return)
+                or tally.frames >= cfg.total_frames
+                or (stop is not None and stop.is_set())
+            )
         if finished and gossip is not None and hasattr(gossip, "flush"):
             # the letters still in flight, so the final log row and checkpoint below hold them
             gossip_stats = {k: float(v) for k, v in (gossip.flush(a.flat_params) or gossip_stats).items()}
@@ -151,6 +150,26 @@ def train(
     log.close()
     a.source.close()
     return summary
+
+
+def _update(
+    a: _Agent, cfg: AgentConfig, tally: Tally, gossip, stats: dict, t0: float, gossip_stats: dict
+) -> tuple[dict, dict]:
+    """One update on the rollout the source filled since ``t0`` (``stats``, its stats), then gossip
+    if due; returns the update's losses and the latest gossip stats (``gossip_stats`` if none was due)."""
+    tally.add_source_stats(stats)
+    t1 = time.perf_counter()
+    losses = a.learner.update(a.model, a.optimizer, a.rollout, a.hp, progress=tally.frames / cfg.total_frames)
+    tally.updates += 1
+    tally.frames += a.frames_per_update
+    t2 = time.perf_counter()
+    if gossip is not None and tally.updates % cfg.gossip_every == 0:
+        gossip_stats = {k: float(v) for k, v in gossip.exchange(a.flat_params).items()}
+        tally.timing["gossip_wait"] += gossip_stats.get("gossip/wait_s", 0.0)
+        tally.timing["mix"] += gossip_stats.get("gossip/mix_s", 0.0)
+    tally.timed(t0, t1, t2, time.perf_counter())
+    tally.add_episodes(a.source.pop_episodes())
+    return losses, gossip_stats
 
 
 def _adopt(gossip: GossipHook, flat_params: torch.Tensor, rank: int, agent_dir: Path) -> None:
@@ -235,9 +254,9 @@ class _Agent:
             optimizer.load_state_dict(checkpoint["optimizer"])
         return cls(learner, hp, source, model, flat_params, optimizer, device)
 
-    def start_rollout(self) -> None:
+    def start_rollout(self, stop=None) -> None:
         """Start the rollout source, once the parameters are what training starts from."""
-        self.rollout = self.source.start(self.model, self.flat_params, self.device)
+        self.rollout = self.source.start(self.model, self.flat_params, self.device, stop)
         self.frames_per_update = self.source.frames_per_update
 
     def check_finite(self, rank: int, updates: int) -> None:

@@ -85,13 +85,14 @@ class RolloutSource(Protocol):
     frames_per_update: int
     """Frames one filled rollout holds (env steps x the env's frames per step)."""
 
-    def start(self, model: nn.Module, flat_params: torch.Tensor, device: torch.device) -> Rollout:
+    def start(self, model: nn.Module, flat_params: torch.Tensor, device: torch.device, stop=None) -> Rollout:
         """Begin acting with ``model`` (whose parameters are ``flat_params``); return the storage
-        ``next`` fills."""
+        ``next`` fills. ``stop`` is the agent's (Event-like): a source that waits on others (IMPALA's
+        actors) gives up its waits once it is set, so a stopped agent ends rather than hangs."""
 
-    def next(self, version: int) -> dict[str, float]:
+    def next(self, version: int) -> dict[str, float] | None:
         """Fill the rollout for update ``version + 1`` (``version`` updates done); return 'impala/...'
-        style stats of the filling, or none."""
+        style stats of the filling ({} if it has none), or None when ``stop`` was set before it was filled."""
 
     def pop_episodes(self) -> list[tuple[float, int]]:
         """(return, length) of every episode whose steps the rollouts handed out so far ended."""
@@ -108,7 +109,8 @@ class LocalRollouts:
         self.frames_per_update = hp.n_steps * hp.num_envs * self.envs.frames_per_step
         self.hp = hp
 
-    def start(self, model: nn.Module, flat_params: torch.Tensor, device: torch.device) -> Rollout:
+    def start(self, model: nn.Module, flat_params: torch.Tensor, device: torch.device, stop=None) -> Rollout:
+        """``stop`` goes unused: the envs are the agent's own, and a rollout waits on nobody."""
         first_obs = torch.from_numpy(self.envs.reset())
         self.model = model
         self.rollout = Rollout(self.hp.n_steps, self.hp.num_envs, first_obs.shape[1:], first_obs.dtype, device)

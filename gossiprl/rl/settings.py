@@ -120,12 +120,12 @@ class ImpalaConfig:
     learner over ZeroMQ (and may run on another host, with --actors-bind), or 'thread', threads of
     the learner's process handing them over through an in-process queue (docs/algorithm.md, IMPALA)."""
     actors_bind: str | None = field(default=None, metadata={"may_change_on_resume": True})
-    """With --actor-placement process: the endpoint (tcp://HOST:PORT) where actors from other hosts
-    join this learner with `gossiprl actor --connect`, beside its own --actors-per-agent (at most
-    --queue-size of them: more could never all hold a credit at once); a port of * picks a free one
-    (printed). A fixed port is agent 0's: agent r binds PORT + r, so that the learners of one host
-    each have a port of their own (each prints its endpoint). None: a private ipc:// socket for the
-    learner's own actors only."""
+    """With --actor-placement process: the endpoint (tcp://HOST:PORT, or ipc://PATH for actors of
+    this host) where actors from elsewhere join this learner with `gossiprl actor --connect`, beside
+    its own --actors-per-agent (at most --queue-size of them: more could never all hold a credit at
+    once); a port of * picks a free one (printed). A fixed port or a path is agent 0's: agent r
+    binds PORT + r, or PATH-r, so that the learners of one host each have their own (each prints
+    its endpoint). None: a private ipc:// socket for the learner's own actors only."""
     actors_curve_secret: Path | None = field(default=None, metadata={"path": KEY_FILE, "may_change_on_resume": True})
     """The learner's CURVE secret key for --actors-bind (NAME.key_secret from `gossiprl keys generate`):
     required on an address other hosts can reach."""
@@ -174,14 +174,20 @@ class ImpalaConfig:
 
     def actors_endpoint(self, rank: int) -> str | None:
         """Where agent ``rank``'s learner binds for actors from elsewhere: --actors-bind, a fixed tcp
-        port moved up by the rank. The learners of one host (`gossiprl run --agents 4`, or the
-        `gossiprl agent`s a scheduler starts side by side) all bound the one port, and all but the
-        first failed; PORT + rank keeps each learner's port known before it starts, for the
-        scripts that start its actors. A port of * (each picks a free one) and an ipc:// path are as given."""
+        port moved up by the rank, an ipc:// path suffixed with it (agent 0's as given). The
+        learners of one host (`gossiprl run --agents 4`, or the `gossiprl agent`s a scheduler starts
+        side by side) all bound the one port, and all but the first failed; on one path ZeroMQ let
+        each take the socket file over from the one before, without an error, so every actor
+        joined the last. PORT + rank and PATH-rank keep each learner's endpoint known before it
+        starts, for the scripts that start its actors. A port or path of * (each picks a free one)
+        is as given."""
         if self.actors_bind is None:
             return None
-        head, _, port = keys.check_endpoint(self.actors_bind).rpartition(":")
-        if not self.actors_bind.startswith("tcp://") or not port.isdigit():
+        transport, _, rest = keys.check_endpoint(self.actors_bind).partition("://")
+        if transport == "ipc" and rest != "*":
+            return self.actors_bind if rank == 0 else f"{self.actors_bind}-{rank}"
+        head, _, port = self.actors_bind.rpartition(":")
+        if transport != "tcp" or not port.isdigit():
             return self.actors_bind
         if int(port) + rank > 65535:
             raise ValueError(
@@ -192,13 +198,19 @@ class ImpalaConfig:
 
     def check_actors(self, last_rank: int = 0) -> None:
         """Refuse, in one line naming what is valid, actor settings no learner could start with (or
-        one with no actors at all), for agents ranked up to ``last_rank``. `gossiprl run` and
-        `gossiprl agent` ask before anything starts (inside the agents each failed on its own,
-        once the run had begun); the learner asks again for library callers."""
+        one with no actors at all, or one that would ignore --actors-bind), for agents ranked up to
+        ``last_rank``. `gossiprl run`, `gossiprl agent` and ``launch.run`` ask before anything
+        starts (inside the agents each failed on its own, once the run had begun); the learner asks
+        again for callers of ``train``."""
         if self.actors_per_agent == 0 and (self.actors_bind is None or self.actor_placement != "process"):
             raise ValueError(
                 "--actors-per-agent 0 leaves the learner only actors from other hosts, which join with "
                 "--actor-placement process and --actors-bind tcp://HOST:PORT; without them give 1 or more"
+            )
+        if self.actors_bind is not None and self.actor_placement != "process":
+            raise ValueError(
+                "--actors-bind takes actors from elsewhere, which only actor processes have a channel for: with "
+                f"--actor-placement {self.actor_placement} leave it out, or give --actor-placement process"
             )
         if (self.actors_curve_secret is None) != (self.actors_curve_allow is None):
             raise ValueError(
@@ -281,6 +293,12 @@ class AgentConfig:
     """PPO's hyperparameters (CleanRL's defaults), used with --algo ppo."""
     impala: ImpalaConfig = field(default_factory=ImpalaConfig)
     """IMPALA's hyperparameters (the paper's defaults), used with --algo impala."""
+
+    def check_actors(self, last_rank: int = 0) -> None:
+        """``ImpalaConfig.check_actors`` when --algo is impala: the other learners have no actors,
+        and ignore IMPALA's section whatever it holds."""
+        if self.algo == "impala":
+            self.impala.check_actors(last_rank)
 
 
 def host_cores() -> int:

@@ -568,3 +568,17 @@ def test_an_actors_port_that_some_agents_rank_would_push_past_65535_is_refused(t
     words = ["agent 3 would bind port 65537 (agent r binds PORT + r), past 65535", "give a lower PORT, or *"]
     assert len(error) == 1 and all(w in error[0] for w in words), result.output
     assert recorded == [] and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "command", [["run", "--no-progress"], ["agent", "--connect", "tcp://127.0.0.1:9", "--rank", 0]]
+)
+def test_actors_bind_with_actor_threads_is_refused_naming_what_is_valid(tmp_path, recorded, command):
+    """Threads have no channel for actors from elsewhere: the bind was ignored without a word."""
+    flags = ["--actor-placement", "thread", "--actors-bind", "tcp://127.0.0.1:5600"]
+    result = invoke(*command, "--algo", "impala", *flags, "--run-dir", tmp_path / "r")
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    words = ["--actors-bind takes actors from elsewhere", "--actor-placement thread leave it out", "process"]
+    assert len(error) == 1 and all(w in error[0] for w in words), result.output
+    assert recorded == [] and not (tmp_path / "r").exists()

@@ -1,5 +1,7 @@
 """gossiprl/launch.py's own logic, without starting a swarm."""
 
+import pytest
+
 from gossiprl import launch
 
 
@@ -26,3 +28,19 @@ def test_a_bye_that_never_comes_costs_the_wait_and_no_more():
     swarm.broker, swarm.summaries = BrokerReadingByesLate(), {0: {}, 1: {}, 2: {}}
     swarm._await_byes(timeout=0.3)
     assert 3 <= swarm.broker.looks <= 10
+
+
+def test_the_python_api_refuses_actor_settings_before_anything_starts(tmp_path, monkeypatch):
+    """launch.run (experiments/ call it) met these only inside each agent, as agent failures, once
+    the run dir and the broker were made; it now raises `gossiprl run`'s message up front."""
+    from gossiprl.rl.settings import AgentConfig, ImpalaConfig
+    from gossiprl.settings import SwarmConfig
+
+    def started(*_, **__):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(launch, "prepare_run_dir", started)
+    cfg = AgentConfig(algo="impala", impala=ImpalaConfig(actors_bind="tcp://127.0.0.1:65534"))
+    with pytest.raises(ValueError, match=r"^--actors-bind tcp://127\.0\.0\.1:65534: agent 3 would bind port 65537"):
+        launch.run(SwarmConfig(agents=4), cfg, tmp_path / "r", show_progress=False)
+    assert not (tmp_path / "r").exists()

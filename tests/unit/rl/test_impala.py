@@ -15,9 +15,10 @@ import torch
 from gossiprl.comms import keys, trajectories
 from gossiprl.rl import a2c, actor_processes, impala
 from gossiprl.rl.actors import ActorFailed, ActorPool, Batch
+from gossiprl.rl.agent import load_checkpoint, train
 from gossiprl.rl.models import MLPActorCritic, flatten_parameters
 from gossiprl.rl.settings import A2CConfig, AgentConfig, ImpalaConfig
-from helpers import free_port, poll_until
+from helpers import free_port, in_thread, poll_until, wait_for
 
 T, N, OBS, ACTIONS = 6, 5, 4, 3
 
@@ -228,6 +229,65 @@ def test_a_learner_with_no_actors_of_its_own_trains_on_the_first_from_elsewhere(
     assert all(trajectory.actor == 0 for trajectory in source.taken) and len(stats) == 3
 
 
+def only_remote_actors(**changes) -> AgentConfig:
+    """An IMPALA agent fed only by actors from elsewhere, with a budget it never reaches: a test stops it."""
+    impala_cfg = ImpalaConfig(
+        actors_per_agent=0, actors_bind=f"tcp://127.0.0.1:{free_port()}", num_envs=2, n_steps=4, batch_size=1
+    )
+    return AgentConfig(algo="impala", total_frames=10**9, impala=impala_cfg, **changes)
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_learner_ends_its_wait_for_a_first_actor(tmp_path):
+    """The wait for actors to join (START_S, 600 s) did not look at the agent's stop: on Ctrl-C or
+    SIGTERM its launcher killed it instead. It now ends the wait, and training, at once; having
+    learned nothing in this session it writes no checkpoint, as after any stop before its first update."""
+    stop = threading.Event()
+    stop.set()
+    _, box = in_thread(lambda: train(only_remote_actors(), tmp_path, stop=stop))
+    wait_for(lambda: "done_at" in box, 30, "the learner went on waiting for actors after its stop")
+    assert "error" not in box, box
+    assert box["result"]["updates"] == 0 and not (tmp_path / "agent-0" / "checkpoint.pt").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_learner_whose_actors_all_left_ends_training_with_a_final_checkpoint(tmp_path, monkeypatch):
+    """With --actors-per-agent 0, a learner whose actors from elsewhere had all left waited for
+    their next unroll for ever, whatever the agent was told, until its launcher killed it without
+    a final checkpoint. A stop now ends that wait, and training as any stop does."""
+    cfg = only_remote_actors(log_every=1, checkpoint_every=10**6)  # the one checkpoint is the final one
+    leave, stop, waiting = threading.Event(), threading.Event(), threading.Event()
+    remote = threading.Thread(
+        target=actor_processes.run_actor, args=(cfg.impala.actors_bind, "CartPole-v1"), kwargs={"stop": leave}
+    )
+    take = actor_processes.ActorProcesses.take
+
+    def watched(self, timeout):  # the learner found no unroll once its only actor had gone
+        trajectory = take(self, timeout)
+        if trajectory is None and leave.is_set() and not remote.is_alive():
+            waiting.set()
+        return trajectory
+
+    monkeypatch.setattr(actor_processes.ActorProcesses, "take", watched)
+    remote.start()
+    _, box = in_thread(lambda: train(cfg, tmp_path, stop=stop))
+    metrics = tmp_path / "agent-0" / "metrics.csv"
+    try:
+        wait_for(
+            lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, 60, lambda: f"no update: {box}"
+        )
+    finally:
+        leave.set()
+        remote.join(30)
+    wait_for(waiting.is_set, 30, lambda: f"the learner did not wait for unrolls: {box}")
+    stop.set()
+    wait_for(lambda: "done_at" in box, 30, "the learner went on waiting for its actors after its stop")
+    assert "error" not in box, box
+    updates = box["result"]["updates"]
+    assert load_checkpoint(tmp_path / "agent-0" / "checkpoint.pt")["counters"]["updates"] == updates >= 2
+    assert metrics.read_text().splitlines()[-1].split(",")[2] == str(updates)
+
+
 def test_a_learner_with_no_actors_of_its_own_says_so_when_none_joins(monkeypatch):
     monkeypatch.setattr(actor_processes, "START_S", 0.3)
     source = pool(actors_per_agent=0, actor_placement="process", actors_bind=f"tcp://127.0.0.1:{free_port()}")
@@ -247,12 +307,17 @@ def test_a_learner_with_no_actors_of_its_own_says_so_when_none_joins(monkeypatch
         ("tcp://127.0.0.1:5600", 3, "tcp://127.0.0.1:5603"),
         ("tcp://[::1]:5600", 2, "tcp://[::1]:5602"),
         ("tcp://127.0.0.1:*", 3, "tcp://127.0.0.1:*"),
+        ("ipc:///run/gossiprl/actors", 0, "ipc:///run/gossiprl/actors"),
+        ("ipc:///run/gossiprl/actors", 2, "ipc:///run/gossiprl/actors-2"),
+        ("ipc://*", 2, "ipc://*"),
         (None, 3, None),
     ],
 )
-def test_agent_r_binds_port_plus_r_for_its_actors(monkeypatch, bind, rank, bound):
+def test_agent_r_binds_port_plus_r_or_path_r_for_its_actors(monkeypatch, bind, rank, bound):
     """`gossiprl run --agents 4 --actors-bind tcp://127.0.0.1:5600` made every learner bind 5600,
-    and all but the first failed: agent r now binds 5600 + r, on `gossiprl agent` as on `run`."""
+    and all but the first failed: agent r now binds 5600 + r, on `gossiprl agent` as on `run`.
+    On one ipc:// path each learner took the socket file over from the one before without an
+    error, so every actor joined the last: agent r now binds PATH-r."""
     from gossiprl import agent_process
     from gossiprl.rl import agent
 
