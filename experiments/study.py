@@ -27,6 +27,7 @@ from experiments.common import (
     aggregate,
     cell_key,
     fresh_out,
+    load_rows,
     read_curves,
     run_study,
     score_bounds,
@@ -150,9 +151,11 @@ def command(study: Study) -> click.Command:
             f"{study.title}: {len(cells)} cells ({len(settings)} settings x {len(seed_list)} seeds), "
             f"{frames:,} frames each on {env_id} -> {out}"
         )
-        cells = run_now(cells, max_agents, max_frames_per_agent, only)
-        rows = run_study(cells, out, env_id, threshold, eval_episodes or default_eval_episodes(quick), echo=click.echo)
-        finish(study, out, rows, settings, env_id, threshold)
+        now = run_now(cells, max_agents, max_frames_per_agent, only)
+        run_study(now, out, env_id, threshold, eval_episodes or default_eval_episodes(quick), echo=click.echo)
+        # every planned cell finished so far, this run's or an earlier one's: a window that ran some
+        # settings must not trim the tables and the figure to them
+        finish(study, out, load_rows(out, cells), settings, env_id, threshold)
 
     return main
 

@@ -97,6 +97,14 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
     ring, one, total = arms["ring of 4"], arms["1 agent"], arms[swarm_vs_one.EQUAL_TOTAL]
     assert ring["frames"] >= 4 * (int(FRAMES) - 80) > one["frames"] >= int(FRAMES) - 80
     assert total["agents"] == 1 and total["frames"] >= 4 * (int(FRAMES) - 80)
+    # a window that runs one setting keeps every finished setting in the tables (it trimmed them to its own)
+    again = CliRunner().invoke(
+        swarm_vs_one.main,
+        ["--quick", "--seeds", "1", "--frames", FRAMES, "--only", "1 agent", "--out", str(results / "swarm_vs_one")],
+        catch_exceptions=False,
+    )
+    assert again.exit_code == 0 and "1 agent, seed 1: done before, kept" in again.output, again.output
+    assert (results / "swarm_vs_one" / "results.csv").read_text().count("\n") == 4
 
     output = results / "RESULTS.md"
     result = CliRunner().invoke(
