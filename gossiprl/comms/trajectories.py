@@ -18,14 +18,17 @@ learner's main thread is busy with an update: unrolls wait in a deque, credits a
 learner takes them, and FETCH is answered from the last posted copy. An actor's end (``ActorEnd``)
 is plain blocking calls, for a process that does nothing else. Every message is validated against
 its command's schema before anything reads its frames; nothing received is executed. A bad message
-is dropped and counted; an actor that reports a failure (FAILED) or falls silent ends the learner's
-next ``take`` with ``ActorFailed``. The learner admits at most ``max_actors`` actors, and takes back
-the credits of one that holds them for ``silence_s`` without sending an unroll, so no peer, however
-many identities it makes, can hold the queue's room and starve the learner unseen. Each actor keeps
-one routing id (a uuid) for its life and the learner's ROUTER hands a route over to a reconnecting
-connection, so an actor whose TCP connection broke goes on with its number and credits. Only
-numpy arrays cross here: the RL layer turns them into tensors. The transport is the caller's:
-ipc:// on one host, tcp:// (with CURVE keys, ``keys``) across hosts.
+is dropped and counted; an actor that reports a failure (FAILED) ends the learner's next ``take``
+with ``ActorFailed``, and so does one of the learner's own actors that falls silent or leaves. An
+actor from elsewhere may come and go: one that closes says LEAVE, and the learner drops it (as it
+does one that falls silent), freeing its seat and credits, and trains on with the others. The
+learner admits at most ``max_actors`` actors at a time, and takes back the credits of one that holds
+them for ``silence_s`` without sending an unroll, so no peer, however many identities it makes, can
+hold the queue's room and starve the learner unseen. Each actor keeps one routing id (a uuid) for
+its life and the learner's ROUTER hands a route over to a reconnecting connection, so an actor
+whose TCP connection broke goes on with its number and credits. Only numpy arrays cross here: the
+RL layer turns them into tensors. The transport is the caller's: ipc:// on one host, tcp:// (with
+CURVE keys, ``keys``) across hosts.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from .wire import MAX_UINT, PROTOCOL_VERSION, WireError, pack_tensors, parse_spe
 log = logging.getLogger("gossiprl.comms.trajectories")
 
 # Actor -> learner, then learner -> actor.
-JOIN, UNROLL, FETCH, FAILED = "JOIN", "UNROLL", "FETCH", "FAILED"
+JOIN, UNROLL, FETCH, FAILED, LEAVE = "JOIN", "UNROLL", "FETCH", "FAILED", "LEAVE"
 WELCOME, CREDIT, PARAMS, CURRENT, STOP = "WELCOME", "CREDIT", "PARAMS", "CURRENT", "STOP"
 
 UNROLL_ARRAYS = ("obs", "actions", "rewards", "dones", "bootstrap", "logits")
@@ -73,6 +76,7 @@ FIELDS = {
     UNROLL: {"index": int, "version": int, "episodes": list, "tensors": list},
     FETCH: {"have": int},
     FAILED: {"reason": str},
+    LEAVE: {},
     WELCOME: {"actor": int, "seed": int, "params": int, "n_steps": int, "num_envs": int, "gamma": float},
     CREDIT: {"n": int},
     PARAMS: {"version": int, "tensors": list},
@@ -87,7 +91,8 @@ LOWEST = {"have": -1, "version": -1}
 
 
 class ActorFailed(RuntimeError):
-    """An actor reported a failure or fell silent; the learner stops with this one-line reason."""
+    """An actor reported a failure, or one of the learner's own fell silent or left unasked; the
+    learner stops with this one-line reason."""
 
 
 class LearnerGone(ConnectionError):
@@ -231,12 +236,14 @@ class LearnerEnd:
     of its envs, and ``env`` the env id an actor must play to be admitted. ``curve``: (the learner's
     secret key file, the directory of admitted actors' public keys), as a broker's; an actor's
     routing id is then bound to the key it joined with. ``max_actors``: how many actors it admits
-    (default ``capacity``: more than the queue holds unrolls could never all hold a credit at once)
-    beside the ``reserved`` ones, the routing ids of the actors the learner started itself, which
-    always have a seat: actors from elsewhere that joined first could otherwise take every seat and
-    leave the learner's own refused. A JOIN past them is answered STOP and counted in
+    at a time (default ``capacity``: more than the queue holds unrolls could never all hold a credit
+    at once) beside the ``reserved`` ones, the routing ids of the actors the learner started itself,
+    which always have a seat: actors from elsewhere that joined first could otherwise take every
+    seat and leave the learner's own refused. A JOIN past them is answered STOP and counted in
     ``refused_joins``. Credits taken back from actors that held them ``silence_s`` without sending
-    an unroll are counted in ``reclaimed``."""
+    an unroll are counted in ``reclaimed``. Actors from elsewhere that left (LEAVE) or fell silent
+    for ``silence_s`` are dropped, and counted in ``left``: they may come and go, while the
+    learner's own leave only when it tells them to."""
 
     def __init__(
         self,
@@ -262,10 +269,12 @@ class LearnerEnd:
         self.joined = 0
         self.refused_joins = 0
         self.reclaimed = 0
+        self.left = 0
         self._ready = threading.Condition()
         self._params: tuple[int, np.ndarray] | None = None
         self._actors: dict[bytes, int] = {}
-        """Each connected actor's routing id -> its number."""
+        """Each connected actor's routing id -> its number (numbers are never given twice: ``joined``
+        counts on past those that left)."""
         self._credits: dict[bytes, int] = {}
         """Credits granted to each actor and not yet spent on an unroll."""
         self._heard: dict[bytes, float] = {}
@@ -391,7 +400,7 @@ class LearnerEnd:
         if cmd == JOIN:
             self._join(identity, header, key)
             return
-        if actor is None or cmd not in (UNROLL, FETCH, FAILED):
+        if actor is None or cmd not in (UNROLL, FETCH, FAILED, LEAVE):
             self._refuse(
                 identity, WireError(f"{cmd} from {'an actor that never joined' if actor is None else 'an actor'}")
             )
@@ -401,6 +410,8 @@ class LearnerEnd:
             self._answer_fetch(identity, header["have"])
         elif cmd == FAILED:  # one line whatever the actor sent: a newline or escape could forge log lines
             self._fail(f"actor-{actor} failed: {one_line(header['reason'])}")
+        elif cmd == LEAVE:
+            self._drop(identity, "left before its learner told it to stop" if identity in self.reserved else "left")
         elif self._credits[identity] < 1:
             self._refuse(identity, WireError(f"actor-{actor} sent an UNROLL without a credit"))
         else:
@@ -478,11 +489,36 @@ class LearnerEnd:
     def _check_silence(self, now: float) -> None:
         for identity, heard in list(self._heard.items()):
             if now - heard > self.silence_s:
-                self._fail(
-                    f"actor-{self._actors[identity]} sent nothing for {self.silence_s:g} s: "
-                    "it hung, or its process, host or network went away"
+                self._drop(
+                    identity,
+                    f"sent nothing for {self.silence_s:g} s: it hung, or its process, host or network went away",
                 )
-                del self._heard[identity]
+
+    def _drop(self, identity: bytes, why: str) -> None:
+        """An actor that left or fell silent (``why``). One of the learner's own stops the learner: it
+        leaves only when told to, so it failed. One from elsewhere is forgotten, and the learner goes
+        on with the others: such actors come and go (a person's Ctrl-C, a host taken back), and
+        kept, it would hold its seat for ever and, silent, stop training. Its credits return to the
+        pool (the queue's bound counts only the actors kept) and its seat is free; its number is
+        not given again, and an UNROLL it sends after is dropped as from an actor that never joined."""
+        actor = self._actors[identity]
+        if identity in self.reserved:
+            self._fail(f"actor-{actor} {why}")
+            del self._heard[identity]  # failed once: its silence is not reported again
+            return
+        credits = self._credits.pop(identity)
+        for books in (self._actors, self._heard, self._keys):
+            del books[identity]
+        self._owing.pop(identity, None)
+        self._benched.discard(identity)
+        self.left += 1
+        log.warning(
+            "actor-%d %s: dropped, its seat and %d credit(s) freed (%d actors from elsewhere gone so far)",
+            actor,
+            why,
+            credits,
+            self.left,
+        )
 
     def _fail(self, reason: str) -> None:
         with self._ready:
@@ -513,7 +549,8 @@ class LearnerEnd:
 
 class ActorEnd:
     """An actor's end: a DEALER connected to its learner. ``join`` once, then per unroll
-    ``wait_for_credit``, ``fetch`` and ``send_unroll``; ``fail`` says why the actor ends.
+    ``wait_for_credit``, ``fetch`` and ``send_unroll``; ``fail`` says why the actor ends, and
+    ``close`` that it leaves.
 
     ``curve``: (this actor's secret key file, the learner's public key file), as a broker's client;
     or the keys themselves, (this actor's public, its secret, the learner's public), z85-encoded, as
@@ -526,6 +563,8 @@ class ActorEnd:
         self.credits = 0
         self.stopped: str | None = None
         """The learner's reason, once it said STOP."""
+        self.joined = False
+        """Whether the learner welcomed this actor: it then has it on its books until it leaves."""
         self._params: tuple[int, np.ndarray] | None = None
         self._replies_due = 0
         self._heard = time.monotonic()
@@ -555,6 +594,7 @@ class ActorEnd:
                 raise LearnerGone(f"the learner at {self.endpoint} refused this actor: {self.stopped}")
             if stop is not None and stop.is_set():
                 raise LearnerGone(f"stopped while joining the learner at {self.endpoint}")
+        self.joined = True
         return welcome
 
     def expect_params(self, count: int) -> None:
@@ -601,6 +641,18 @@ class ActorEnd:
         self._send(FAILED, {"reason": one_line(reason)[:MAX_REASON_CHARS]})
 
     def close(self) -> None:
+        """Leave: an actor that joined and was not told to stop says LEAVE first, so that its
+        learner drops it at once, freeing its seat and credits, rather than taking its silence for
+        a failure ``silence_s`` later. Never blocks: with no connection (the learner is gone) there
+        is no one to tell. Closing twice does nothing."""
+        if self._sock.closed:
+            return
+        if self.joined and self.stopped is None:
+            self._sock.setsockopt(zmq.LINGER, 1000)
+            try:
+                self._sock.send_multipart(encode(LEAVE, {}), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
         self._sock.close()
 
     def _ask(self, have: int) -> None:

@@ -240,9 +240,15 @@ class ActorProcesses:
 
     def channel_counts(self) -> dict[str, int]:
         """What the channel turned away so far: JOINs past the bound, credits taken back from
-        actors that held them silent, and messages dropped as malformed or unexpected."""
+        actors that held them silent, messages dropped as malformed or unexpected, and actors from
+        elsewhere dropped because they left or fell silent."""
         end = self.end
-        return {"refused_joins": end.refused_joins, "reclaimed": end.reclaimed, "bad_messages": end.bad_messages}
+        return {
+            "refused_joins": end.refused_joins,
+            "reclaimed": end.reclaimed,
+            "bad_messages": end.bad_messages,
+            "left": end.left,
+        }
 
     def take(self, timeout: float) -> Trajectory | None:
         trajectory = self.end.take(timeout)

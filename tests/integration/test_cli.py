@@ -249,6 +249,7 @@ def test_impala_with_actor_processes_trains_cartpole_end_to_end_with_an_actor_fr
     assert all(0 <= float(row["impala/policy_lag_max"]) <= 10 for row in rows)
     assert all(0 <= float(row["impala/queue_depth"]) <= 4 for row in rows)  # the credits bound the queue
     assert float(rows[-1]["impala/refused_joins_total"]) == float(rows[-1]["impala/bad_messages_total"]) == 0
+    assert float(rows[-1]["impala/left_total"]) == 0  # the actor from elsewhere stayed until the learner stopped it
 
 
 @pytest.mark.timeout(120)

@@ -15,6 +15,7 @@ import zmq
 from gossiprl.comms import keys
 from gossiprl.comms import trajectories as tj
 from gossiprl.comms.wire import WireError
+from helpers import wait_for
 
 T, N, OBS, ACTIONS, PARAMS = 3, 2, (4,), 2, 10
 SPECS = tj.unroll_specs(T, N, OBS, "float32", ACTIONS)
@@ -104,6 +105,8 @@ def test_a_well_formed_unroll_decodes_to_views_of_its_frames():
         (frames_of(tj.FETCH, {"have": True}), "'have': an int"),
         (frames_of(tj.FETCH, {"have": -2}), "'have': an int from -1"),
         (frames_of(tj.FETCH, {}), "'have'"),
+        (frames_of(tj.LEAVE, {"reason": "bye"}), "unknown field"),
+        (frames_of(tj.LEAVE, {}) + [b"1"], "carries 0 payload"),
         (frames_of(tj.FAILED, {"reason": "x" * 2000}), "at most 1000"),
         (frames_of(tj.FETCH, {"have": 0}) + [b"1"], "carries 0 payload"),
         (
@@ -249,11 +252,90 @@ def test_a_reason_off_the_wire_is_made_one_line_by_its_receiver(learner, actor_o
     assert str(refused.value).endswith("this learner trains on CartPole-v1, not Pong ERROR forged")
 
 
-def test_an_actor_that_falls_silent_stops_the_learner(learner, actor_of):
-    end = learner(silence_s=0.3)
-    actor_of(end)  # joins, then says nothing
-    with pytest.raises(tj.ActorFailed, match="actor-0 sent nothing for 0.3 s"):
+def own_actor(end, routing_id=b"own-actor-0") -> tj.ActorEnd:
+    """One of the learner's own actors: joined under a routing id the learner reserved."""
+    actor = tj.ActorEnd(end.endpoint, silence_s=5, routing_id=routing_id)
+    actor.expect_params(PARAMS)
+    actor.join("CartPole-v1")
+    return actor
+
+
+def test_one_of_the_learners_own_actors_that_falls_silent_stops_the_learner(learner):
+    end = learner(silence_s=0.3, reserved=[b"own-actor-0"])
+    actor = own_actor(end)  # joins, then says nothing
+    try:
+        with pytest.raises(tj.ActorFailed, match="actor-0 sent nothing for 0.3 s"):
+            take_all(end, 1, timeout=5)
+    finally:
+        actor.close()
+
+
+def test_one_of_the_learners_own_actors_that_leaves_unasked_stops_the_learner(learner):
+    """The learner's own actors leave only when it tells them to: one that goes on its own failed."""
+    end = learner(reserved=[b"own-actor-0"])
+    own_actor(end).close()
+    with pytest.raises(tj.ActorFailed, match="^actor-0 left before its learner told it to stop$"):
         take_all(end, 1, timeout=5)
+
+
+def test_an_actor_from_elsewhere_that_leaves_is_dropped_at_once_and_the_learner_goes_on(learner, actor_of):
+    """An actor said nothing when it closed and the learner never forgot one: a remote actor's
+    Ctrl-C stopped its learner SILENCE_S later with ActorFailed. It now says LEAVE, and the learner
+    drops it and trains on with the others."""
+    end = learner(capacity=2)
+    leaving, staying = actor_of(end), actor_of(end)
+    leaving.close()
+    wait_for(lambda: end.left == 1, 5, "the learner did not drop the actor that left")
+    assert staying.wait_for_credit()
+    staying.send_unroll(0, 0, unroll(1), [])
+    assert [(t.actor, t.index) for t in take_all(end, 1)] == [(1, 0)]
+    assert end.failures == [] and end.bad_messages == 0
+
+
+def test_a_silent_actor_from_elsewhere_is_dropped_rather_than_failing_the_learner(learner, actor_of):
+    """A remote actor whose host or network went away can say nothing: its silence drops it, as a
+    LEAVE would, and the learner takes the next actor that joins."""
+    end = learner(silence_s=1)
+    actor_of(end)  # joins, then says nothing
+    wait_for(lambda: end.left == 1, 10, "the learner did not drop the silent actor", every=0.05)
+    assert end.take(0.1) is None and end.failures == []
+    newcomer = actor_of(end)
+    assert newcomer.wait_for_credit()
+    newcomer.send_unroll(0, 0, unroll(2), [])
+    assert [(t.actor, t.index) for t in take_all(end, 1)] == [(1, 0)]
+
+
+def test_actors_that_left_free_their_seats(learner, actor_of):
+    """Every identity that ever joined kept its seat: after max_actors remote actors had come and
+    gone, every later JOIN was refused for good."""
+    end = learner(capacity=2)  # two seats for actors from elsewhere
+    for number in range(5):
+        actor = actor_of(end, join=False)
+        assert actor.join("CartPole-v1")["actor"] == number  # numbers are never given again
+        actor.close()
+        wait_for(lambda n=number: end.left == n + 1, 5, f"actor-{number} was not dropped")
+    assert end.joined == 5 and end.refused_joins == 0
+
+
+def credits_of(actor: tj.ActorEnd, wait_s=0.05) -> int:
+    """The credits ``actor`` holds once it has read what came within ``wait_s``."""
+    actor._receive(None, wait_s)
+    return actor.credits
+
+
+def test_the_credits_of_an_actor_that_left_return_to_the_pool(learner, actor_of):
+    """A leaving actor's credits go to the others at once, and the queue's bound holds: the unrolls
+    queued plus the credits granted never exceed its capacity."""
+    end = learner(capacity=3)
+    hoarder = actor_of(end)
+    wait_for(lambda: credits_of(hoarder) == 3, 5, "no credits granted", every=0)
+    hoarder.send_unroll(0, 0, unroll(0), [])  # one unroll queued, two credits held
+    other = actor_of(end)
+    wait_for(lambda: end.depth() == 1, 5, "the unroll did not arrive")
+    hoarder.close()
+    wait_for(lambda: credits_of(other) == 2, 5, "the credits did not return", every=0)
+    assert end.depth() + other.credits == 3 and end.reclaimed == 0
+    assert credits_of(other, 0.3) == 2  # nothing past the bound came after
 
 
 def test_a_stopped_learner_tells_its_actors(learner, actor_of):

@@ -182,6 +182,7 @@ def test_a_full_queue_holds_an_actor_process_back_and_its_lag_stays_within_the_q
     # what the channel turned away is a running count in each update's stats, so in metrics.csv
     assert [s["impala/refused_joins_total"] for s in stats] == [1.0] * 10
     assert stats[-1]["impala/reclaimed_total"] == stats[-1]["impala/bad_messages_total"] == 0.0
+    assert stats[-1]["impala/left_total"] == 0.0  # the stranger was refused, never admitted: it did not leave
 
 
 @pytest.mark.timeout(180)
