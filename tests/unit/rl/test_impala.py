@@ -328,6 +328,23 @@ def test_agent_r_binds_port_plus_r_or_path_r_for_its_actors(monkeypatch, bind, r
     assert handed == [bound]
 
 
+@pytest.mark.parametrize("bind", ["tcp://127.0.0.1:65535", "not-an-endpoint"])
+@pytest.mark.parametrize("algo", ["a2c", "ppo"])
+def test_another_learner_ignores_a_stray_actors_bind(monkeypatch, algo, bind):
+    """run_agent worked out agent r's --actors-bind for every --algo, so a stray one (a port that
+    rank 3 would push past 65535, a malformed endpoint) failed each A2C or PPO agent, though
+    AgentConfig.check_actors leaves IMPALA's section alone for the other learners."""
+    from gossiprl import agent_process
+    from gossiprl.rl import agent
+
+    handed = []
+    monkeypatch.setattr(agent, "train", lambda cfg, run_dir, **_: handed.append(cfg.impala.actors_bind))
+    cfg = AgentConfig(algo=algo, impala=ImpalaConfig(actors_bind=bind))
+    cfg.check_actors(last_rank=3)
+    agent_process.run_agent(None, 3, cfg, "unused", progress_every=0)
+    assert handed == [bind]
+
+
 def test_an_actor_thread_that_fails_ends_the_learner_with_its_error(monkeypatch):
     source = pool(actor_placement="thread")
 
