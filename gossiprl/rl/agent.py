@@ -111,7 +111,7 @@ def train(
     (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2, default=str))
     a = _Agent.build(cfg, rank, gossip, checkpoint, tally.updates)
     if resume and not checkpoint:  # rejoining a running swarm with no checkpoint of our own: start from the neighbours'
-        _adopt(gossip, a.flat_params, rank, agent_dir)
+        _adopt(gossip, a.flat_params, rank, agent_dir, stop)
     a.start_rollout(stop)
     log = MetricsLog(agent_dir, resume, purge_step=tally.frames if checkpoint else None)
     tally.start()
@@ -172,18 +172,17 @@ def _update(
     return losses, gossip_stats
 
 
-def _adopt(gossip: GossipHook, flat_params: torch.Tensor, rank: int, agent_dir: Path) -> None:
-    """Start from the mean of the neighbours' parameters, and say so."""
+def _adopt(gossip: GossipHook, flat_params: torch.Tensor, rank: int, agent_dir: Path, stop=None) -> None:
+    """Start from the mean of the neighbours' parameters, and say so, or that the agent's stop came
+    first (adopt then takes nothing, and training ends as after any stop before the loop)."""
     adopted = gossip.adopt(flat_params)
-    print(
-        f"agent-{rank}: no checkpoint in {agent_dir}; "
-        + (
-            f"starting from the mean of {adopted} neighbour(s)' parameters"
-            if adopted
-            else "no neighbour's parameters came either, starting fresh"
-        ),
-        flush=True,
-    )
+    if adopted:
+        outcome = f"starting from the mean of {adopted} neighbour(s)' parameters"
+    elif stop is not None and stop.is_set():
+        outcome = "stopped before its neighbours' parameters came"
+    else:
+        outcome = "no neighbour's parameters came either, starting fresh"
+    print(f"agent-{rank}: no checkpoint in {agent_dir}; {outcome}", flush=True)
 
 
 def resume_checkpoint(checkpoint_path: Path, cfg: AgentConfig) -> dict:
