@@ -110,11 +110,28 @@ def train(
     tally = Tally.resumed(checkpoint)
     (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2, default=str))
     a = _Agent.build(cfg, rank, gossip, checkpoint, tally.updates)
-    if resume and not checkpoint:  # rejoining a running swarm with no checkpoint of our own: start from the neighbours'
-        _adopt(gossip, a.flat_params, rank, agent_dir, stop)
-    a.start_rollout(stop)
-    log = MetricsLog(agent_dir, resume, purge_step=tally.frames if checkpoint else None)
-    tally.start()
+    # Closed however training ends: an error (an actor failed, a diverged learner, gossip) left IMPALA's
+    # actor processes, its channel's thread and bound endpoint behind, and a caller's retry could not bind.
+    try:
+        if resume and not checkpoint:  # rejoining a running swarm with no checkpoint: start from the neighbours'
+            _adopt(gossip, a.flat_params, rank, agent_dir, stop)
+        a.start_rollout(stop)
+        log = MetricsLog(agent_dir, resume, purge_step=tally.frames if checkpoint else None)
+        try:
+            tally.start()
+            _loop(a, cfg, rank, tally, gossip, log, checkpoint_path, stop, progress)
+            return tally.summary()  # before the source closes: waiting for actors to leave is not training
+        finally:
+            log.close()
+    finally:
+        a.source.close()
+
+
+def _loop(
+    a: _Agent, cfg: AgentConfig, rank: int, tally: Tally, gossip, log: MetricsLog, checkpoint_path: Path, stop, progress
+) -> None:
+    """``train``'s updates, until the budget is spent, the return reached or ``stop`` set, with a
+    row, a checkpoint and a report on the way and once more at the end."""
     losses: dict = {}
     gossip_stats: dict[str, float] = {}
 
@@ -145,11 +162,6 @@ def train(
             save_checkpoint(checkpoint_path, a.state(tally, cfg))
         if progress is not None and (finished or time.perf_counter() - tally.last_report >= PROGRESS_EVERY_S):
             progress(tally.report(gossip_stats))
-
-    summary = tally.summary()
-    log.close()
-    a.source.close()
-    return summary
 
 
 def _update(

@@ -345,6 +345,36 @@ def test_another_learner_ignores_a_stray_actors_bind(monkeypatch, algo, bind):
     assert handed == [bind]
 
 
+@pytest.mark.timeout(120)
+def test_a_learner_whose_start_fails_leaves_no_actor_and_frees_its_endpoint(tmp_path, monkeypatch):
+    """An error in train (here the start's wait for actors) left the actor processes, the channel's
+    serving thread and its bound endpoint behind: a library caller (experiments/, a test) that
+    tried again in the same process could not bind. The rollout source is now closed on every way out."""
+    import zmq
+
+    cfg = AgentConfig(
+        algo="impala",
+        total_frames=10**9,
+        impala=ImpalaConfig(actors_per_agent=1, actors_bind=f"tcp://127.0.0.1:{free_port()}", num_envs=2, n_steps=4),
+    )
+    spawned = []
+
+    def fails(self, stop=None):
+        spawned.extend(self.processes)
+        raise ActorFailed("injected: no actor joined")
+
+    monkeypatch.setattr(actor_processes.ActorProcesses, "wait_for_joins", fails)
+    with pytest.raises(ActorFailed, match="injected"):
+        train(cfg, tmp_path)
+    assert spawned and not any(process.is_alive() for process in spawned)
+    assert not [thread.name for thread in threading.enumerate() if thread.name.startswith("trajectories-")]
+    again = zmq.Context.instance().socket(zmq.PULL)
+    try:
+        again.bind(cfg.impala.actors_bind)  # EADDRINUSE while the failed learner's channel was still bound
+    finally:
+        again.close(linger=0)
+
+
 def test_an_actor_thread_that_fails_ends_the_learner_with_its_error(monkeypatch):
     source = pool(actor_placement="thread")
 
