@@ -134,7 +134,9 @@ def _loop(
     row, a checkpoint and a report on the way and once more at the end."""
     losses: dict = {}
     gossip_stats: dict[str, float] = {}
-
+    # The update counts the last row and checkpoint hold: a stop found while the source waited ends the
+    # loop after the pass that logged the last update, and its final row would be a second at that step.
+    logged = saved = tally.updates
     # One flag, computed once per update, both ends the loop and triggers the final log row and
     # checkpoint: a stop that arrived between two separate checks used to end the loop unsaved.
     finished = tally.frames >= cfg.total_frames or (stop is not None and stop.is_set())
@@ -152,16 +154,24 @@ def _loop(
                 or tally.frames >= cfg.total_frames
                 or (stop is not None and stop.is_set())
             )
-        if finished and gossip is not None and hasattr(gossip, "flush"):
-            # the letters still in flight, so the final log row and checkpoint below hold them
-            gossip_stats = {k: float(v) for k, v in (gossip.flush(a.flat_params) or gossip_stats).items()}
-        if tally.updates % cfg.log_every == 0 or finished:
+        if finished and (flushed := _flush(gossip, a.flat_params)) is not None:
+            gossip_stats, saved = flushed, None  # the letters moved the parameters: the final checkpoint holds them
+        if (tally.updates % cfg.log_every == 0 or finished) and tally.updates != logged:
             a.check_finite(rank, tally.updates)
             log.write(tally.log_row(losses, gossip_stats), {f"timing/{k}_s": v for k, v in tally.timing.items()})
-        if tally.updates % cfg.checkpoint_every == 0 or finished:
+            logged = tally.updates
+        if (tally.updates % cfg.checkpoint_every == 0 or finished) and tally.updates != saved:
             save_checkpoint(checkpoint_path, a.state(tally, cfg))
+            saved = tally.updates
         if progress is not None and (finished or time.perf_counter() - tally.last_report >= PROGRESS_EVERY_S):
             progress(tally.report(gossip_stats))
+
+
+def _flush(gossip, flat_params: torch.Tensor) -> dict[str, float] | None:
+    """Mix in the letters still in flight (Gossip with overlap=True), so the final row and checkpoint
+    hold them; their stats, or None when no round was in flight (or the hook has no flush)."""
+    flushed = gossip.flush(flat_params) if gossip is not None and hasattr(gossip, "flush") else None
+    return {k: float(v) for k, v in flushed.items()} if flushed else None
 
 
 def _update(
