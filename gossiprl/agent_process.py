@@ -61,8 +61,9 @@ def run_agent(
     ``agents_sharing_host``, and says so. ``client_options`` go to ``GossipClient``."""
     from .rl.agent import train
 
-    impala = agent_cfg.impala  # this rank's port for actors from elsewhere, not the one its neighbours bind
-    agent_cfg = replace(agent_cfg, impala=replace(impala, actors_bind=impala.actors_endpoint(rank)))
+    if agent_cfg.algo == "impala":  # the other learners ignore IMPALA's section, a stray --actors-bind with it
+        impala = agent_cfg.impala  # this rank's port for actors from elsewhere, not the one its neighbours bind
+        agent_cfg = replace(agent_cfg, impala=replace(impala, actors_bind=impala.actors_endpoint(rank)))
     gossip = None
     if address is not None:
         options = {"timeout": gossip_timeout, "codec": codec, "takeover": resume, "stop": stop, **client_options}

@@ -698,11 +698,15 @@ class Gossip:
 
         For an agent that rejoins a running swarm with nothing of its own (no checkpoint):
         a fresh initialisation mixed in would set its neighbours back. Returns how many
-        letters were averaged (0: nothing usable came, ``params`` are left as they were).
+        letters were averaged (0: nothing usable came, or the client's stop was set while it
+        waited: ``params`` are left as they were, and the agent, ending, learns nothing with them).
         """
         if self._in_flight is not None:
             raise RuntimeError("adopt() while a gossip round is in flight: call it before the first exchange")
-        msgs = self.client.collect()
+        try:
+            msgs = self.client.collect()
+        except GossipStopped:  # as in a round: the agent is ending, and nothing is wrong
+            return 0
         weights = {self.client.rank: 0.0, **{j: 1.0 for j in msgs}}  # mix renormalises over the usable ones
         return mix({self.name: params}, msgs, weights, self.client.rank, check_finite=self.check_finite).peers
 

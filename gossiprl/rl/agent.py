@@ -110,14 +110,33 @@ def train(
     tally = Tally.resumed(checkpoint)
     (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2, default=str))
     a = _Agent.build(cfg, rank, gossip, checkpoint, tally.updates)
-    if resume and not checkpoint:  # rejoining a running swarm with no checkpoint of our own: start from the neighbours'
-        _adopt(gossip, a.flat_params, rank, agent_dir)
-    a.start_rollout(stop)
-    log = MetricsLog(agent_dir, resume, purge_step=tally.frames if checkpoint else None)
-    tally.start()
+    # Closed however training ends: an error (an actor failed, a diverged learner, gossip) left IMPALA's
+    # actor processes, its channel's thread and bound endpoint behind, and a caller's retry could not bind.
+    try:
+        if resume and not checkpoint:  # rejoining a running swarm with no checkpoint: start from the neighbours'
+            _adopt(gossip, a.flat_params, rank, agent_dir, stop)
+        a.start_rollout(stop)
+        log = MetricsLog(agent_dir, resume, purge_step=tally.frames if checkpoint else None)
+        try:
+            tally.start()
+            _loop(a, cfg, rank, tally, gossip, log, checkpoint_path, stop, progress)
+            return tally.summary()  # before the source closes: waiting for actors to leave is not training
+        finally:
+            log.close()
+    finally:
+        a.source.close()
+
+
+def _loop(
+    a: _Agent, cfg: AgentConfig, rank: int, tally: Tally, gossip, log: MetricsLog, checkpoint_path: Path, stop, progress
+) -> None:
+    """``train``'s updates, until the budget is spent, the return reached or ``stop`` set, with a
+    row, a checkpoint and a report on the way and once more at the end."""
     losses: dict = {}
     gossip_stats: dict[str, float] = {}
-
+    # The update counts the last row and checkpoint hold: a stop found while the source waited ends the
+    # loop after the pass that logged the last update, and its final row would be a second at that step.
+    logged = saved = tally.updates
     # One flag, computed once per update, both ends the loop and triggers the final log row and
     # checkpoint: a stop that arrived between two separate checks used to end the loop unsaved.
     finished = tally.frames >= cfg.total_frames or (stop is not None and stop.is_set())
@@ -135,21 +154,24 @@ def train(
                 or tally.frames >= cfg.total_frames
                 or (stop is not None and stop.is_set())
             )
-        if finished and gossip is not None and hasattr(gossip, "flush"):
-            # the letters still in flight, so the final log row and checkpoint below hold them
-            gossip_stats = {k: float(v) for k, v in (gossip.flush(a.flat_params) or gossip_stats).items()}
-        if tally.updates % cfg.log_every == 0 or finished:
+        if finished and (flushed := _flush(gossip, a.flat_params)) is not None:
+            gossip_stats, saved = flushed, None  # the letters moved the parameters: the final checkpoint holds them
+        if (tally.updates % cfg.log_every == 0 or finished) and tally.updates != logged:
             a.check_finite(rank, tally.updates)
             log.write(tally.log_row(losses, gossip_stats), {f"timing/{k}_s": v for k, v in tally.timing.items()})
-        if tally.updates % cfg.checkpoint_every == 0 or finished:
+            logged = tally.updates
+        if (tally.updates % cfg.checkpoint_every == 0 or finished) and tally.updates != saved:
             save_checkpoint(checkpoint_path, a.state(tally, cfg))
+            saved = tally.updates
         if progress is not None and (finished or time.perf_counter() - tally.last_report >= PROGRESS_EVERY_S):
             progress(tally.report(gossip_stats))
 
-    summary = tally.summary()
-    log.close()
-    a.source.close()
-    return summary
+
+def _flush(gossip, flat_params: torch.Tensor) -> dict[str, float] | None:
+    """Mix in the letters still in flight (Gossip with overlap=True), so the final row and checkpoint
+    hold them; their stats, or None when no round was in flight (or the hook has no flush)."""
+    flushed = gossip.flush(flat_params) if gossip is not None and hasattr(gossip, "flush") else None
+    return {k: float(v) for k, v in flushed.items()} if flushed else None
 
 
 def _update(
@@ -172,18 +194,17 @@ def _update(
     return losses, gossip_stats
 
 
-def _adopt(gossip: GossipHook, flat_params: torch.Tensor, rank: int, agent_dir: Path) -> None:
-    """Start from the mean of the neighbours' parameters, and say so."""
+def _adopt(gossip: GossipHook, flat_params: torch.Tensor, rank: int, agent_dir: Path, stop=None) -> None:
+    """Start from the mean of the neighbours' parameters, and say so, or that the agent's stop came
+    first (adopt then takes nothing, and training ends as after any stop before the loop)."""
     adopted = gossip.adopt(flat_params)
-    print(
-        f"agent-{rank}: no checkpoint in {agent_dir}; "
-        + (
-            f"starting from the mean of {adopted} neighbour(s)' parameters"
-            if adopted
-            else "no neighbour's parameters came either, starting fresh"
-        ),
-        flush=True,
-    )
+    if adopted:
+        outcome = f"starting from the mean of {adopted} neighbour(s)' parameters"
+    elif stop is not None and stop.is_set():
+        outcome = "stopped before its neighbours' parameters came"
+    else:
+        outcome = "no neighbour's parameters came either, starting fresh"
+    print(f"agent-{rank}: no checkpoint in {agent_dir}; {outcome}", flush=True)
 
 
 def resume_checkpoint(checkpoint_path: Path, cfg: AgentConfig) -> dict:

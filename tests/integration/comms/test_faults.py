@@ -149,6 +149,26 @@ def test_agent_rejoining_without_a_checkpoint_starts_from_its_neighbours():
             hook.close()
 
 
+def test_a_stop_while_a_rejoining_agent_waits_for_its_neighbours_ends_it_cleanly(tmp_path, capsys):
+    """Gossip.adopt let GossipStopped out (only a round caught it): an agent resumed without a
+    checkpoint and stopped while its neighbours' parameters were due was reported failed, with
+    a traceback. It now adopts nothing, and training ends as after any stop before the loop."""
+    from gossiprl.rl.a2c import A2CConfig
+    from gossiprl.rl.agent import AgentConfig, train
+
+    stop = threading.Event()
+    with Broker(topologies.make("ring", 2)).start() as broker:
+        hook = Gossip(GossipClient(broker.address, 1, stop=stop))
+        stop.set()  # rank 0 never publishes: the collect would wait for its letter
+        mine = np.full(4, -7.0, np.float32)
+        assert hook.adopt(mine) == 0 and (mine == -7.0).all()
+        cfg = AgentConfig(total_frames=10_000, torch_threads=1, a2c=A2CConfig(num_envs=4))
+        summary = train(cfg, tmp_path, rank=1, gossip=hook, resume=True, stop=stop)
+        hook.close()
+    assert summary["updates"] == 0 and not (tmp_path / "agent-1" / "checkpoint.pt").exists()
+    assert "stopped before its neighbours' parameters came" in capsys.readouterr().out
+
+
 def test_letter_sent_while_a_row_is_changing_reaches_its_new_reader():
     """Ring 0 -> 1 -> 2 -> 0. Rank 1 publishes its last letter and leaves: 2 still owes it a read,
     so 2 keeps listening to 1 until then, and 0's letter of that moment has no reader at all.

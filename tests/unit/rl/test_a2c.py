@@ -2,6 +2,7 @@
 the vector env's truncation report, the flat parameter buffer, and the Nature CNN's size."""
 
 import math
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -520,6 +521,42 @@ class StillHook:
 
     def adopt(self, flat_params):
         return 0
+
+
+class FlushHook(StillHook):
+    """A hook with a round in flight at the end (Gossip with overlap=True): flushing it moves the parameters."""
+
+    def flush(self, flat_params):
+        flat_params.add_(1.0)
+        return {"gossip/round": 3.0}
+
+
+@pytest.mark.parametrize("hook,saved", [(None, [1, 2, 3]), (FlushHook(), [1, 2, 3, 3])], ids=["alone", "in-flight"])
+def test_a_stop_while_the_source_waits_logs_and_saves_the_last_update_once(tmp_path, monkeypatch, hook, saved):
+    """A source that gives up its wait on a stop returns None (IMPALA's learner, waiting for its
+    actors): the loop then wrote the last update's row and checkpoint again whenever the pass
+    before had written them (always with --log-every 1): two metrics.csv rows, two TensorBoard
+    points at one step. Only letters flushed in at the end, which move the parameters, make a
+    second checkpoint at that count (it replaces the first)."""
+    from gossiprl.rl import agent, rollouts
+
+    stop, fill = threading.Event(), rollouts.LocalRollouts.next
+
+    def waits_after_three(self, version):
+        if version < 3:
+            return fill(self, version)
+        stop.set()
+        return None
+
+    saves = []
+    monkeypatch.setattr(rollouts.LocalRollouts, "next", waits_after_three)
+    monkeypatch.setattr(agent, "save_checkpoint", lambda path, state: saves.append(state["counters"]["updates"]))
+    cfg = agent.AgentConfig(
+        total_frames=10_000, log_every=1, checkpoint_every=1, torch_threads=1, a2c=A2CConfig(num_envs=4)
+    )
+    assert agent.train(cfg, tmp_path, rank=0, gossip=hook, stop=stop)["updates"] == 3
+    rows = (tmp_path / "agent-0" / "metrics.csv").read_text().splitlines()[1:]
+    assert [row.split(",")[2] for row in rows] == ["1", "2", "3"] and saves == saved
 
 
 @pytest.mark.parametrize(

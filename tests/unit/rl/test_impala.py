@@ -286,7 +286,9 @@ def test_a_stopped_learner_whose_actors_all_left_ends_training_with_a_final_chec
     assert "error" not in box, box
     updates = box["result"]["updates"]
     assert load_checkpoint(tmp_path / "agent-0" / "checkpoint.pt")["counters"]["updates"] == updates >= 2
-    assert metrics.read_text().splitlines()[-1].split(",")[2] == str(updates)
+    logged = [row.split(",")[2] for row in metrics.read_text().splitlines()[1:]]
+    # the pass that found the stop wrote the last update's row again: two rows at one step
+    assert logged == [str(u) for u in range(1, updates + 1)], logged
 
 
 def test_a_learner_with_no_actors_of_its_own_says_so_when_none_joins(monkeypatch):
@@ -327,6 +329,53 @@ def test_agent_r_binds_port_plus_r_or_path_r_for_its_actors(monkeypatch, bind, r
     cfg = AgentConfig(algo="impala", impala=ImpalaConfig(actors_bind=bind))
     agent_process.run_agent(None, rank, cfg, "unused", progress_every=0)
     assert handed == [bound]
+
+
+@pytest.mark.parametrize("bind", ["tcp://127.0.0.1:65535", "not-an-endpoint"])
+@pytest.mark.parametrize("algo", ["a2c", "ppo"])
+def test_another_learner_ignores_a_stray_actors_bind(monkeypatch, algo, bind):
+    """run_agent worked out agent r's --actors-bind for every --algo, so a stray one (a port that
+    rank 3 would push past 65535, a malformed endpoint) failed each A2C or PPO agent, though
+    AgentConfig.check_actors leaves IMPALA's section alone for the other learners."""
+    from gossiprl import agent_process
+    from gossiprl.rl import agent
+
+    handed = []
+    monkeypatch.setattr(agent, "train", lambda cfg, run_dir, **_: handed.append(cfg.impala.actors_bind))
+    cfg = AgentConfig(algo=algo, impala=ImpalaConfig(actors_bind=bind))
+    cfg.check_actors(last_rank=3)
+    agent_process.run_agent(None, 3, cfg, "unused", progress_every=0)
+    assert handed == [bind]
+
+
+@pytest.mark.timeout(120)
+def test_a_learner_whose_start_fails_leaves_no_actor_and_frees_its_endpoint(tmp_path, monkeypatch):
+    """An error in train (here the start's wait for actors) left the actor processes, the channel's
+    serving thread and its bound endpoint behind: a library caller (experiments/, a test) that
+    tried again in the same process could not bind. The rollout source is now closed on every way out."""
+    import zmq
+
+    cfg = AgentConfig(
+        algo="impala",
+        total_frames=10**9,
+        impala=ImpalaConfig(actors_per_agent=1, actors_bind=f"tcp://127.0.0.1:{free_port()}", num_envs=2, n_steps=4),
+    )
+    spawned = []
+
+    def fails(self, stop=None):
+        spawned.extend(self.processes)
+        raise ActorFailed("injected: no actor joined")
+
+    monkeypatch.setattr(actor_processes.ActorProcesses, "wait_for_joins", fails)
+    with pytest.raises(ActorFailed, match="injected"):
+        train(cfg, tmp_path)
+    assert spawned and not any(process.is_alive() for process in spawned)
+    assert not [thread.name for thread in threading.enumerate() if thread.name.startswith("trajectories-")]
+    again = zmq.Context.instance().socket(zmq.PULL)
+    try:
+        again.bind(cfg.impala.actors_bind)  # EADDRINUSE while the failed learner's channel was still bound
+    finally:
+        again.close(linger=0)
 
 
 def test_an_actor_thread_that_fails_ends_the_learner_with_its_error(monkeypatch):
