@@ -204,8 +204,9 @@ class ImpalaConfig:
         again for callers of ``train``."""
         if self.actors_per_agent == 0 and (self.actors_bind is None or self.actor_placement != "process"):
             raise ValueError(
-                "--actors-per-agent 0 leaves the learner only actors from other hosts, which join with "
-                "--actor-placement process and --actors-bind tcp://HOST:PORT; without them give 1 or more"
+                "--actors-per-agent 0 leaves the learner only actors from elsewhere, which join with "
+                "--actor-placement process and --actors-bind tcp://HOST:PORT (from other hosts) or ipc://PATH "
+                "(from this one); without them give 1 or more"
             )
         if self.actors_bind is not None and self.actor_placement != "process":
             raise ValueError(
