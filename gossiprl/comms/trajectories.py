@@ -18,10 +18,10 @@ learner's main thread is busy with an update: unrolls wait in a deque, credits a
 learner takes them, and FETCH is answered from the last posted copy. An actor's end (``ActorEnd``)
 is plain blocking calls, for a process that does nothing else. Every message is validated against
 its command's schema before anything reads its frames; nothing received is executed. A bad message
-is dropped and counted; an actor that reports a failure (FAILED) ends the learner's next ``take``
-with ``ActorFailed``, and so does one of the learner's own actors that falls silent or leaves. An
-actor from elsewhere may come and go: one that closes says LEAVE, and the learner drops it (as it
-does one that falls silent), freeing its seat and credits, and trains on with the others. The
+is dropped and counted; one of the learner's own actors that reports a failure (FAILED), falls
+silent or leaves ends the learner's next ``take`` with ``ActorFailed``. An actor from elsewhere
+may come and go: one that closes says LEAVE, and the learner drops it (as it does one that falls
+silent or reports a failure), freeing its seat and credits, and trains on with the others. The
 learner admits at most ``max_actors`` actors at a time, and takes back the credits of one that holds
 them for ``silence_s`` without sending an unroll, so no peer, however many identities it makes, can
 hold the queue's room and starve the learner unseen. Each actor keeps one routing id (a uuid) for
@@ -91,8 +91,8 @@ LOWEST = {"have": -1, "version": -1}
 
 
 class ActorFailed(RuntimeError):
-    """An actor reported a failure, or one of the learner's own fell silent or left unasked; the
-    learner stops with this one-line reason."""
+    """One of the learner's own actors reported a failure, fell silent or left unasked; the learner
+    stops with this one-line reason."""
 
 
 class LearnerGone(ConnectionError):
@@ -242,8 +242,9 @@ class LearnerEnd:
     seat and leave the learner's own refused. A JOIN past them is answered STOP and counted in
     ``refused_joins``. Credits taken back from actors that held them ``silence_s`` without sending
     an unroll are counted in ``reclaimed``. Actors from elsewhere that left (LEAVE) or fell silent
-    for ``silence_s`` are dropped, and counted in ``left``: they may come and go, while the
-    learner's own leave only when it tells them to."""
+    for ``silence_s`` are dropped, and counted in ``left``; those that failed (FAILED) are dropped
+    too, and counted in ``failed``: they may come and go, while the learner's own leave only when
+    it tells them to, and one that fails stops the learner."""
 
     def __init__(
         self,
@@ -270,6 +271,7 @@ class LearnerEnd:
         self.refused_joins = 0
         self.reclaimed = 0
         self.left = 0
+        self.failed = 0
         self._ready = threading.Condition()
         self._params: tuple[int, np.ndarray] | None = None
         self._actors: dict[bytes, int] = {}
@@ -409,7 +411,7 @@ class LearnerEnd:
         if cmd == FETCH:
             self._answer_fetch(identity, header["have"])
         elif cmd == FAILED:  # one line whatever the actor sent: a newline or escape could forge log lines
-            self._fail(f"actor-{actor} failed: {one_line(header['reason'])}")
+            self._drop(identity, f"failed: {one_line(header['reason'])}", failed=True)
         elif cmd == LEAVE:
             self._drop(identity, "left before its learner told it to stop" if identity in self.reserved else "left")
         elif self._credits[identity] < 1:
@@ -494,13 +496,15 @@ class LearnerEnd:
                     f"sent nothing for {self.silence_s:g} s: it hung, or its process, host or network went away",
                 )
 
-    def _drop(self, identity: bytes, why: str) -> None:
-        """An actor that left or fell silent (``why``). One of the learner's own stops the learner: it
-        leaves only when told to, so it failed. One from elsewhere is forgotten, and the learner goes
-        on with the others: such actors come and go (a person's Ctrl-C, a host taken back), and
-        kept, it would hold its seat for ever and, silent, stop training. Its credits return to the
-        pool (the queue's bound counts only the actors kept) and its seat is free; its number is
-        not given again, and an UNROLL it sends after is dropped as from an actor that never joined."""
+    def _drop(self, identity: bytes, why: str, failed: bool = False) -> None:
+        """An actor that left, fell silent or ``failed`` (``why``). One of the learner's own stops the
+        learner: it leaves only when told to, and its failure is the run's. One from elsewhere is
+        forgotten, and the learner goes on with the others: such actors come and go (a person's
+        Ctrl-C, a host taken back, a broken env there), and kept, it would hold its seat for ever
+        and, silent, stop training; nor may its FAILED stop training, or any holder of an admitted
+        key could end the run. Its credits return to the pool (the queue's bound counts only the
+        actors kept) and its seat is free; its number is not given again, and an UNROLL it sends
+        after is dropped as from an actor that never joined."""
         actor = self._actors[identity]
         if identity in self.reserved:
             self._fail(f"actor-{actor} {why}")
@@ -511,13 +515,16 @@ class LearnerEnd:
             del books[identity]
         self._owing.pop(identity, None)
         self._benched.discard(identity)
-        self.left += 1
+        if failed:
+            self.failed += 1
+        else:
+            self.left += 1
         log.warning(
             "actor-%d %s: dropped, its seat and %d credit(s) freed (%d actors from elsewhere gone so far)",
             actor,
             why,
             credits,
-            self.left,
+            self.left + self.failed,
         )
 
     def _fail(self, reason: str) -> None:

@@ -241,13 +241,14 @@ class ActorProcesses:
     def channel_counts(self) -> dict[str, int]:
         """What the channel turned away so far: JOINs past the bound, credits taken back from
         actors that held them silent, messages dropped as malformed or unexpected, and actors from
-        elsewhere dropped because they left or fell silent."""
+        elsewhere dropped because they left or fell silent, or because they failed."""
         end = self.end
         return {
             "refused_joins": end.refused_joins,
             "reclaimed": end.reclaimed,
             "bad_messages": end.bad_messages,
             "left": end.left,
+            "failed": end.failed,
         }
 
     def take(self, timeout: float) -> Trajectory | None:

@@ -2,6 +2,7 @@
 actors played by this test: the schema, the credits, the order, bad messages, failed actors, and the hostile or
 unlucky peer: joins past the bound, credits hoarded, a reconnection, a routing id stolen."""
 
+import logging
 import re
 import socket
 import threading
@@ -229,22 +230,43 @@ def test_a_bad_message_is_dropped_and_counted_and_the_channel_goes_on(learner, a
     assert float(take_all(end, 1)[0].arrays["obs"][0, 0, 0]) == 5
 
 
-def test_an_actor_that_fails_stops_the_learner_with_its_reason(learner, actor_of):
-    end = learner()
-    actor = actor_of(end)
+def test_one_of_the_learners_own_actors_that_fails_stops_the_learner_with_its_reason(learner):
+    end = learner(reserved=[b"own-actor-0"])
+    actor = own_actor(end)
     actor.fail("ValueError: env exploded\n  (traceback lines)")
-    with pytest.raises(tj.ActorFailed, match=r"^actor-0 failed: ValueError: env exploded \(traceback lines\)$"):
-        take_all(end, 1)
+    try:
+        with pytest.raises(tj.ActorFailed, match=r"^actor-0 failed: ValueError: env exploded \(traceback lines\)$"):
+            take_all(end, 1)
+    finally:
+        actor.close()
+
+
+def test_an_actor_from_elsewhere_that_fails_is_dropped_and_the_learner_goes_on(learner, actor_of, caplog):
+    """Any actor's FAILED stopped the learner, so any holder of an admitted key could end the run at
+    will. One from elsewhere is now dropped as if it had left: its reason logged in one line and
+    counted in ``failed``, its seat and credits freed for the others."""
+    end = learner(capacity=2)
+    failing, staying = actor_of(end), actor_of(end)
+    with caplog.at_level(logging.WARNING, logger=tj.log.name):
+        failing.fail("ValueError: env exploded\n  (traceback lines)")
+        wait_for(lambda: end.failed == 1, 5, "the learner did not drop the actor that failed")
+    assert end.failures == [] and end.left == 0 and end.bad_messages == 0
+    dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(dropped) == 1 and dropped[0].startswith("actor-0 failed: ValueError: env exploded (traceback lines): ")
+    assert staying.wait_for_credit()
+    staying.send_unroll(0, 0, unroll(1), [])
+    assert [(t.actor, t.index) for t in take_all(end, 1)] == [(1, 0)]
 
 
 def test_a_reason_off_the_wire_is_made_one_line_by_its_receiver(learner, actor_of):
     """The sender's word that its reason is one line is not taken: a peer that sends newlines or a
     terminal escape would otherwise write lines of its own into the other end's error and log."""
-    end = learner()
-    actor = actor_of(end)
+    end = learner(reserved=[b"own-actor-0"])
+    actor = own_actor(end)
     actor._send(tj.FAILED, {"reason": "boom\nINFO forged line\x1b[2K\r\tend"})
     with pytest.raises(tj.ActorFailed) as failed:
         take_all(end, 1)
+    actor.close()
     assert str(failed.value) == "actor-0 failed: boom INFO forged line [2K end"
     stranger = actor_of(end, join=False)
     with pytest.raises(tj.LearnerGone) as refused:
