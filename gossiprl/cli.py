@@ -876,7 +876,7 @@ def actor(ctx, **_):
     stop, received = _stop_on_signals()
     click.echo(f"actor -> learner {where.connect}, playing {cfg.env_id}")
     try:
-        unrolls = run_actor(
+        unrolls, said = run_actor(
             where.connect,
             cfg.env_id,
             cfg.sticky_actions,
@@ -887,7 +887,7 @@ def actor(ctx, **_):
         )
     except (LearnerGone, ValueError, OSError) as err:
         raise click.ClickException(str(err)) from None
-    click.echo(f"actor done: {unrolls:,} unrolls sent")
+    click.echo(f"actor done: {unrolls:,} unrolls sent" + (f"; its learner said: {said}" if said else ""))
     if received:
         sys.exit(_interrupted_status(received[0]))
 

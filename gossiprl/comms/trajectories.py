@@ -21,7 +21,8 @@ its command's schema before anything reads its frames; nothing received is execu
 is dropped and counted; one of the learner's own actors that reports a failure (FAILED), falls
 silent or leaves ends the learner's next ``take`` with ``ActorFailed``. An actor from elsewhere
 may come and go: one that closes says LEAVE, and the learner drops it (as it does one that falls
-silent or reports a failure), freeing its seat and credits, and trains on with the others. The
+silent or reports a failure), freeing its seat and credits, and trains on with the others; should a
+dropped one speak again (its network came back), it is answered STOP with the reason. The
 learner admits at most ``max_actors`` actors at a time, and takes back the credits of one that holds
 them for ``silence_s`` without sending an unroll, so no peer, however many identities it makes, can
 hold the queue's room and starve the learner unseen. Each actor keeps one routing id (a uuid) for
@@ -70,6 +71,10 @@ MAX_HEADER_BYTES = 1 << 16
 """The longest header any command has: an UNROLL's episodes are at most one per env step."""
 REFUSED_SHOWN = 10
 """Bad messages logged one by one; past these they are only counted."""
+GONE_KEPT = 1024
+"""Routing ids of dropped actors the learner remembers, to tell one that speaks again to stop; the
+oldest are forgotten past these (their messages then count as bad), so that a peer that joins and
+leaves without end cannot grow the learner's memory."""
 
 FIELDS = {
     JOIN: {"env": str},
@@ -287,6 +292,9 @@ class LearnerEnd:
         self._benched: set[bytes] = set()
         """Actors whose credits were taken back: they come after the others for new ones until they
         send an unroll."""
+        self._gone: dict[bytes, tuple[str | None, str, bool]] = {}
+        """Dropped actors' routing ids -> (the key they joined with, the STOP reason to answer them
+        with, whether one was logged yet), oldest first, at most GONE_KEPT."""
         self._curve = keys.CurveServer(*curve) if curve is not None else None
         self._ctx = self._curve.context if self._curve else zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -402,6 +410,9 @@ class LearnerEnd:
         if cmd == JOIN:
             self._join(identity, header, key)
             return
+        if actor is None and identity in self._gone:
+            self._stop_gone(identity, cmd, key)
+            return
         if actor is None or cmd not in (UNROLL, FETCH, FAILED, LEAVE):
             self._refuse(
                 identity, WireError(f"{cmd} from {'an actor that never joined' if actor is None else 'an actor'}")
@@ -442,6 +453,7 @@ class LearnerEnd:
             self._warn(self.refused_joins, f"refused a JOIN: {reason}")
             return
         if actor is None:
+            self._gone.pop(identity, None)  # a dropped actor that joins anew is a new actor
             actor = self._actors[identity] = self.joined
             self._credits[identity] = 0
             self._keys[identity] = key
@@ -503,14 +515,18 @@ class LearnerEnd:
         Ctrl-C, a host taken back, a broken env there), and kept, it would hold its seat for ever
         and, silent, stop training; nor may its FAILED stop training, or any holder of an admitted
         key could end the run. Its credits return to the pool (the queue's bound counts only the
-        actors kept) and its seat is free; its number is not given again, and an UNROLL it sends
-        after is dropped as from an actor that never joined."""
+        actors kept) and its seat is free; its number is not given again, and a message it sends
+        after (back from an outage) is answered STOP with ``why`` (``_stop_gone``)."""
         actor = self._actors[identity]
         if identity in self.reserved:
             self._fail(f"actor-{actor} {why}")
             del self._heard[identity]  # failed once: its silence is not reported again
             return
         credits = self._credits.pop(identity)
+        reason = f"this learner dropped actor-{actor}, which {why}; start the actor again to join anew"
+        self._gone[identity] = (self._keys[identity], reason[:MAX_REASON_CHARS], False)
+        if len(self._gone) > GONE_KEPT:
+            del self._gone[next(iter(self._gone))]
         for books in (self._actors, self._heard, self._keys):
             del books[identity]
         self._owing.pop(identity, None)
@@ -526,6 +542,22 @@ class LearnerEnd:
             credits,
             self.left + self.failed,
         )
+
+    def _stop_gone(self, identity: bytes, cmd: str, key: str | None) -> None:
+        """Answer a dropped actor that speaks again (its network came back after ``silence_s``) with
+        STOP and why: unanswered, it took its own ``silence_s`` to end, with no word of the reason.
+        One short reply per message, and only under the key it joined with, so that no one can
+        make the learner answer on another's route. Logged once per actor."""
+        joined_with, reason, logged = self._gone[identity]
+        if cmd == LEAVE:  # it ends already (a FAILED actor closing says LEAVE after): nothing to tell
+            return
+        if key != joined_with:
+            self._refuse(identity, WireError(f"{cmd} for a dropped actor from a key other than the one it joined with"))
+            return
+        self._send(identity, STOP, {"reason": reason})
+        if not logged:
+            self._gone[identity] = (joined_with, reason, True)
+            log.warning("a dropped actor sent %s: told it to stop (%s)", cmd, reason)
 
     def _fail(self, reason: str) -> None:
         with self._ready:

@@ -59,9 +59,11 @@ def run_actor(
     curve: tuple | None = None,
     torch_threads: int = 1,
     routing_id: bytes | None = None,
-) -> int:
+) -> tuple[int, str | None]:
     """Act for the learner at ``endpoint`` until it says stop (or ``stop`` is set); return the
-    unrolls sent. An error ends the actor, and is first sent to the learner in one line."""
+    unrolls sent and the learner's reason to stop it (None when ``stop`` ended it), which a person
+    running the actor needs to tell a learner that is done from one that dropped this actor. An
+    error ends the actor, and is first sent to the learner in one line."""
     torch.set_num_threads(torch_threads)
     link = ActorEnd(endpoint, curve, routing_id=routing_id)
     try:
@@ -71,7 +73,7 @@ def run_actor(
             envs = make_env(
                 env_id, welcome["num_envs"], welcome["seed"], sticky_actions=sticky_actions, num_threads=env_threads
             )
-            return _act(link, envs, welcome, stop)
+            return _act(link, envs, welcome, stop), link.stopped
         except Exception as err:
             link.fail(f"{type(err).__name__}: {err}")
             raise

@@ -327,6 +327,24 @@ def test_a_silent_actor_from_elsewhere_is_dropped_rather_than_failing_the_learne
     assert [(t.actor, t.index) for t in take_all(end, 1)] == [(1, 0)]
 
 
+def test_a_dropped_actor_that_speaks_again_is_told_to_stop_with_the_reason(learner, actor_of):
+    """An actor dropped for its silence (a network outage) that came back got no answer: its
+    messages were counted as bad, and it ended only after its own silence_s, not knowing why. It
+    is now answered STOP with the reason, and its messages are not counted as bad."""
+    end = learner(silence_s=0.3)
+    actor = actor_of(end)  # joins, then says nothing
+    wait_for(lambda: end.left == 1, 10, "the learner did not drop the silent actor", every=0.05)
+    into = np.zeros(PARAMS, np.float32)
+    began = time.monotonic()
+    actor.fetch(into, -1)
+    assert time.monotonic() - began < 2  # not its own silence_s (5 s here)
+    assert actor.stopped == (
+        "this learner dropped actor-0, which sent nothing for 0.3 s: it hung, or its process, host or "
+        "network went away; start the actor again to join anew"
+    )
+    assert end.bad_messages == 0 and end.failures == []
+
+
 def test_actors_that_left_free_their_seats(learner, actor_of):
     """Every identity that ever joined kept its seat: after max_actors remote actors had come and
     gone, every later JOIN was refused for good."""
