@@ -414,17 +414,18 @@ def test_closing_gives_all_actor_processes_one_deadline_to_leave(monkeypatch):
     past the launcher's LAUNCHER_JOIN_S (30 s), which then killed the agent unsaved."""
     import multiprocessing as mp
 
-    monkeypatch.setattr(actor_processes, "JOIN_S", 0.5)
+    monkeypatch.setattr(actor_processes, "JOIN_S", 1.0)
     actors = object.__new__(actor_processes.ActorProcesses)  # no channel, no env: only the processes
     actors.end, actors.private_dir = None, None
-    actors.processes = [mp.get_context("fork").Process(target=time.sleep, args=(60,)) for _ in range(6)]
+    actors.processes = [mp.get_context("fork").Process(target=time.sleep, args=(60,)) for _ in range(8)]
     for process in actors.processes:
         process.start()
     began = time.monotonic()
     actors.close()
     took = time.monotonic() - began
     assert not any(process.is_alive() for process in actors.processes)
-    assert took < 2.0, f"close took {took:.1f} s for 6 deaf processes: JOIN_S each, not once"  # in turn: 3 s
+    # in turn that is 8 s; one deadline is 1 s and the terminations, with room for a loaded host
+    assert took < 4.0, f"close took {took:.1f} s for 8 deaf processes: JOIN_S each, not once"
 
 
 def test_defaults_are_the_papers_on_games_and_smaller_batches_on_control_tasks():
