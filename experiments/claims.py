@@ -149,12 +149,14 @@ EXTRA = {
         (swarm_vs_one.RING_LR2, "ring of 4"),
         (swarm_vs_one.RING_LR2, swarm_vs_one.ONE_LR2),
         (swarm_vs_one.ONE_LR2, "1 agent"),
+        ("ring of 4", swarm_vs_one.ONE_LR2),
         (swarm_vs_one.RING_LR2, swarm_vs_one.EQUAL_TOTAL),
     ],
 }
 """Comparisons a study reports beside its claim's: swarm_learning's every ring against its control,
 the learners study's ring of each learner against its one agent, and swarm_vs_one's learning-rate
-arms (does the ring's 4x batch take a larger step, and does one agent gain from it alike?)."""
+arms (does the ring's 4x batch take a larger step, and does one agent gain from it alike? and does
+the ring at the default rate keep up with one agent at the better one?)."""
 
 EQUAL_TOTAL = {"swarm_vs_one": swarm_vs_one.EQUAL_TOTAL}
 """A study's arm trained as many frames as the whole swarm: compared with the swarm at equal total

@@ -81,7 +81,9 @@ NOTES = {
     "ring's seed 1 each agent skipped 3-11 of its 12,500 gossip rounds while a benchmark starved the job for "
     "a few seconds (`gossip/skipped` in its metrics). They ran before robust mixing capped the cumulative "
     "drift of what mixing does to an agent; the cap changes a mix only when it cuts (`gossip/clipped`), which "
-    "no honest run measured so far has done.",
+    "no honest run measured so far has done. The two lr x2 arms ran on 2026-11-27, with the cap, while other "
+    "studies ran beside them at the same nice level: their wall-clock and frames/s are not comparable with the "
+    "other arms'; per frame they are.",
     "ordering_ablation": "Async agents gossip without turn locks; max-staleness k makes an agent wait once it "
     "has gone k rounds without a letter from an in-peer.",
 }
