@@ -12,7 +12,7 @@ asked: budget, seeds, settings, commands) and ``figure.png``.
 from __future__ import annotations
 
 import json
-import sys
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +112,7 @@ def command(study: Study) -> click.Command:
         f"committed results [default: a fresh runs/{study.name}-<time>/, or a temporary dir with --quick].",
     )
     def main(quick, seeds, frames, env_id, eval_episodes, max_agents, max_frames_per_agent, only, out):
+        again = rerun_command(study.name, quick, env_id, frames, seeds, eval_episodes, out)
         env_id = env_id or (QUICK_ENV if quick else REAL_ENV)
         try:
             threshold = env_spec(env_id)
@@ -142,7 +143,7 @@ def command(study: Study) -> click.Command:
                     "seeds": seed_list,
                     "settings": settings,
                     "quick": quick,
-                    "command": "python -m experiments." + study.name + " " + " ".join(sys.argv[1:]),
+                    "command": again,
                 },
                 indent=2,
             )
@@ -158,6 +159,24 @@ def command(study: Study) -> click.Command:
         finish(study, out, load_rows(out, cells), settings, env_id, threshold)
 
     return main
+
+
+def rerun_command(name: str, quick: bool, env_id, frames, seeds, eval_episodes, out) -> str:
+    """The command that runs or resumes this whole study as it was asked for, quoted for a shell. The
+    window flags (--only, --max-agents, --max-frames-per-agent) are left out: the tables come from
+    every planned cell, so the command RESULTS.md shows must plan them all (it recorded a window's
+    own flags, unquoted, which a shell split and which ran one arm)."""
+    args = ["python", "-m", f"experiments.{name}", *(["--quick"] if quick else [])]
+    for flag, value in (
+        ("--env", env_id),
+        ("--frames", frames),
+        ("--seeds", seeds),
+        ("--eval-episodes", eval_episodes),
+        ("--out", out),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    return shlex.join(args)
 
 
 def default_eval_episodes(quick: bool) -> int:

@@ -682,8 +682,9 @@ class ActorEnd:
     def close(self) -> None:
         """Leave: an actor that joined and was not told to stop says LEAVE first, so that its
         learner drops it at once, freeing its seat and credits, rather than taking its silence for
-        a failure ``silence_s`` later. Never blocks: with no connection (the learner is gone) there
-        is no one to tell. Closing twice does nothing."""
+        a failure ``silence_s`` later. The send itself never blocks (with no connection, the learner
+        gone, there is no one to tell), but the socket lingers up to 1 s at close to deliver it.
+        Closing twice does nothing."""
         if self._sock.closed:
             return
         if self.joined and self.stopped is None:

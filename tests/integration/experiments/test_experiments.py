@@ -105,6 +105,10 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
     )
     assert again.exit_code == 0 and "1 agent, seed 1: done before, kept" in again.output, again.output
     assert (results / "swarm_vs_one" / "results.csv").read_text().count("\n") == 4
+    # and the command RESULTS.md shows plans every cell again: the window's --only is not in it
+    command = json.loads((results / "swarm_vs_one" / "study.json").read_text())["command"]
+    out = results / "swarm_vs_one"
+    assert command == f"python -m experiments.swarm_vs_one --quick --frames {FRAMES} --seeds 1 --out {out}"
 
     output = results / "RESULTS.md"
     result = CliRunner().invoke(

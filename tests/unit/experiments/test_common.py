@@ -42,3 +42,11 @@ def test_only_an_unknown_setting_is_refused_naming_the_studys_settings(tmp_path)
     assert result.exit_code == 2
     assert "swarm_vs_one has no setting 'ring of 5'; its settings: 1 agent; ring of 4;" in result.output
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_the_recorded_command_is_quoted_and_plans_the_whole_study():
+    from experiments.study import rerun_command
+
+    command = rerun_command("learners", False, "MinAtar/Breakout-v1", 1_000_000, "1,2", None, Path("out dir"))
+    expected = "python -m experiments.learners --env MinAtar/Breakout-v1 --frames 1000000 --seeds 1,2 --out 'out dir'"
+    assert command == expected
