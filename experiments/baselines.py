@@ -12,11 +12,12 @@ What matches gossiprl's single agent (``gossiprl run --agents 1``):
   policy head and a linear value head (``net_arch=[]``); SB3's orthogonal init is gossiprl's
   (gain sqrt 2 in the trunk, 0.01 policy head, 1 value head). On vector observations (CartPole)
   both use separate 64-64 tanh MLPs for policy and value (SB3's default, gossiprl's MLPActorCritic);
-* A2C: gossiprl's defaults for the env, read from ``gossiprl.rl.a2c.resolve_defaults``: 16 envs x
-  5 steps, RMSProp lr 7e-4 alpha 0.99 eps 1e-5, gamma 0.99, n-step returns bootstrapped from V
-  (SB3's GAE with lambda 1), entropy 0.01 on MinAtar (0 on control tasks), value coef 0.5, global
-  gradient clip 0.5, advantages not normalised; episodes cut by a time limit bootstrap from
-  V(final obs) in both;
+* A2C: gossiprl's defaults for the env, read from ``gossiprl.rl.a2c.resolve_defaults``, at A2C's
+  Atari rate: 16 envs x 5 steps, RMSProp lr 7e-4 (SB3's own default; gossiprl's MinAtar default is
+  1.4e-3 since experiments.lr_sweep, and its one agent at 7e-4 is the arm set beside) alpha 0.99
+  eps 1e-5, gamma 0.99, n-step returns bootstrapped from V (SB3's GAE with lambda 1), entropy 0.01
+  on MinAtar (0 on control tasks), value coef 0.5, global gradient clip 0.5, advantages not
+  normalised; episodes cut by a time limit bootstrap from V(final obs) in both;
 * score: the mean of the last 100 finished training episodes; one torch thread, as gossiprl's
   agent takes.
 
@@ -63,7 +64,7 @@ import numpy as np
 import torch
 
 from experiments.common import QUICK_ENV, REAL_ENV, _write_json, cell_key, fresh_out, load_rows, write_csv
-from gossiprl.rl.a2c import resolve_defaults
+from gossiprl.rl.a2c import ATARI_LR, resolve_defaults
 from gossiprl.rl.envs import env_spec, is_atari
 from gossiprl.rl.models import MinAtarActorCritic
 from gossiprl.rl.settings import A2CConfig
@@ -113,7 +114,7 @@ def settings(algo: str, env_id: str) -> dict:
     """The algorithm's hyperparameters, JSON-able: they go into each row and its fingerprint."""
     if algo == "ppo":
         return dict(PPO_CLEANRL)
-    cfg = resolve_defaults(A2CConfig(), env_id)
+    cfg = resolve_defaults(A2CConfig(lr=ATARI_LR), env_id)
     return {
         "n_envs": cfg.num_envs,
         "n_steps": cfg.n_steps,

@@ -34,12 +34,13 @@ for how many are shown: a description, and no verdict is read off them.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from experiments import stats, swarm_learning, swarm_vs_one
+from experiments import lr_sweep, stats, swarm_learning, swarm_vs_one
 from experiments.common import agent_curves, cell_key, read_curves
 
 
@@ -78,6 +79,16 @@ CLAIMS = {
         ("1 agent",),
         "frames",
         "per agent step is equal frames per agent",
+    ),
+    "lr_sweep": Claim(
+        "the square-root rule for adaptive optimizers (Malladi et al. 2022), which GALA's README follows for 4 "
+        "learners (2x A2C's rate)",
+        "a ring of 4, whose mean steps on a 4x batch, learns more per agent step at 2x the rate than at 1x",
+        "ring of 4, lr 1.4e-3",
+        ("ring of 4, lr 7e-4",),
+        "frames",
+        "the rule is about progress per step, and each agent's steps are its frames; one agent at each rate is "
+        "the control (the rule predicts no gain for it)",
     ),
     "learners": Claim(
         "PALA Table 1 (PALA-A2C against A2C); for PPO and IMPALA this project's own question",
@@ -145,20 +156,31 @@ EXTRA = {
         *swarm_learning.CONTROL.items(),
     ],
     "learners": [("PPO, ring of 4", "PPO, 1 agent"), ("IMPALA, ring of 4", "IMPALA, 1 agent")],
-    "swarm_vs_one": [
-        (swarm_vs_one.RING_LR2, "ring of 4"),
-        (swarm_vs_one.RING_LR2, swarm_vs_one.ONE_LR2),
-        (swarm_vs_one.ONE_LR2, "1 agent"),
-        ("ring of 4", swarm_vs_one.ONE_LR2),
-        (swarm_vs_one.RING_LR2, swarm_vs_one.EQUAL_TOTAL),
-    ],
+    "swarm_vs_one": [(swarm_vs_one.RING_ATARI, swarm_vs_one.ONE_ATARI), ("1 agent", swarm_vs_one.ONE_ATARI)],
+    "lr_sweep": [
+        (f"{layout}, {rate}", f"{layout}, {other}")
+        for layout in lr_sweep.LAYOUTS
+        for rate, other in itertools.combinations(reversed(lr_sweep.RATES), 2)
+    ]
+    + [(f"ring of 4, {rate}", f"1 agent, {rate}") for rate in lr_sweep.RATES],
 }
 """Comparisons a study reports beside its claim's: swarm_learning's every ring against its control,
-the learners study's ring of each learner against its one agent, and swarm_vs_one's learning-rate
-arms (does the ring's 4x batch take a larger step, and does one agent gain from it alike? and does
-the ring at the default rate keep up with one agent at the better one?)."""
+the learners study's ring of each learner against its one agent, swarm_vs_one's arms at A2C's Atari
+rate (the ring against one agent as it stood before MinAtar's rate, and what the new rate bought one
+agent), and every pair of lr_sweep's rates for one agent and for the ring, and the ring against one
+agent at each rate."""
 
-EQUAL_TOTAL = {"swarm_vs_one": swarm_vs_one.EQUAL_TOTAL}
+
+@dataclass(frozen=True)
+class EqualTotal:
+    total: str
+    """The arm of one agent trained as many frames as the whole swarm."""
+    swarm: str
+    one: str
+    """The swarm and the one agent it is set beside: the arms with ``total``'s hyperparameters."""
+
+
+EQUAL_TOTAL = {"swarm_vs_one": EqualTotal(swarm_vs_one.EQUAL_TOTAL, swarm_vs_one.RING_ATARI, swarm_vs_one.ONE_ATARI)}
 """A study's arm trained as many frames as the whole swarm: compared with the swarm at equal total
 frames, and explained there, never counted among the equal-frames-per-agent settings."""
 
@@ -333,10 +355,10 @@ BATCH_GAIN = {
 def equal_total_lines(name: str, arms: Arms, bounds: tuple[float, float]) -> list[str]:
     """The swarm against one agent given the whole swarm's frames, and why it falls where it does:
     the swarm's mean moves like one learner with an n-fold batch, not like n learners' steps."""
-    total = EQUAL_TOTAL.get(name)
-    if total is None:
+    equal = EQUAL_TOTAL.get(name)
+    if equal is None:
         return []
-    swarm, one = CLAIMS[name].better, CLAIMS[name].than[0]
+    total, swarm, one = equal.total, equal.swarm, equal.one
     missing = [s for s in (swarm, one, total) if not arms.seeds(s)]
     if missing:
         return [f"- At equal total frames: not measured here (no finished cell of {', '.join(missing)})."]

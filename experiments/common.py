@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from gossiprl import launch
-from gossiprl.rl.a2c import A2CConfig
+from gossiprl.rl.a2c import ATARI_LR, A2CConfig, resolve_defaults
 from gossiprl.rl.agent import AgentConfig
 from gossiprl.rl.consensus import evaluate_consensus
 from gossiprl.rl.envs import is_minatar
@@ -200,12 +200,21 @@ def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
         "agents": cell.agents,
         "total_frames": cell.total_frames,
         "swarm": swarm,
-        "a2c": asdict(cell.a2c),
+        "a2c": {**asdict(cell.a2c), "lr": a2c_rate(cell, env_id)},
         "gossip_every": cell.gossip_every,
         "runner": cell.runner.__name__ if cell.runner else None,
     }
     what.update(agent=cell.agent, loop=LOOP_VERSION)  # a cell of an older loop is never reused for a newer one
     return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def a2c_rate(cell: Cell, env_id: str) -> float:
+    """The A2C rate a cell's fingerprint holds: the rate it runs at, not "the default", since
+    MinAtar's default moved from 7e-4 to 1.4e-3 and a run keeps its name whichever way a study asks
+    for its rate. Another learner's cell ignores A2C's settings and keeps the 7e-4 it was named with."""
+    if cell.agent.get("algo", "a2c") != "a2c":
+        return ATARI_LR if cell.a2c.lr is None else cell.a2c.lr
+    return resolve_defaults(cell.a2c, env_id).lr
 
 
 def _write_json(path: Path, value) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from experiments import claims, stats, table1
+from experiments import claims, stats, swarm_vs_one, table1
 from experiments.common import (
     REAL_ENV,
     aggregate,
@@ -44,6 +44,8 @@ STUDIES = [
     "swarm_learning",
     "swarm_vs_one",
     "swarm_vs_one_spaceinvaders",
+    "lr_sweep",
+    "lr_sweep_spaceinvaders",
     "learners",
     "ordering_ablation",
     "topology_ablation",
@@ -135,6 +137,15 @@ def study_section(folder: str, results: Path) -> list[str]:
     ]
     if missing:
         lines += ["", f"**Missing cells** (not finished when this file was generated): {', '.join(missing)}."]
+    stale = stale_settings(out, cells, meta["env"])
+    if stale:
+        lines += [
+            "",
+            f"**Older runs.** The cells of {'; '.join(stale)} ran under an older agent loop or other settings than "
+            "the command above plans today (A2C's MinAtar rate was 7e-4 before experiments.lr_sweep; "
+            "experiments.common.LOOP_VERSION says what else changed): they are shown as they ran, and running the "
+            "command again replaces them.",
+        ]
     if not rows:
         return lines + [""]
     finish(module.STUDY, out, rows, settings, meta["env"], meta["threshold"])
@@ -204,18 +215,34 @@ def iqm_lines(arms: claims.Arms, settings: list[str], bounds: tuple[float, float
     return lines
 
 
+def stale_settings(out: Path, cells: list, env_id: str) -> list[str]:
+    """The settings with a finished cell whose fingerprint is not the one its planned cell has now."""
+    stale = []
+    for c in cells:
+        path = out / "cells" / f"{c.key}.json"
+        if path.exists() and c.setting not in stale:
+            row = json.loads(path.read_text())
+            if row.get("fingerprint") != cell_fingerprint(c, env_id, row.get("eval_episodes", 10)):
+                stale.append(c.setting)
+    return stale
+
+
 def across_games_lines(results: Path) -> list[str]:
-    """P(ring of 4 > each other arm) over every game the swarm_vs_one study ran on (a dir per game),
+    """P(X > Y) for the swarm_vs_one study's comparisons over every game the swarm_vs_one study ran on (a dir per game),
     averaged over games with each game's seeds resampled on their own: the scale-free summary of
     the study across games (an IQM across games would need their scores normalised first)."""
     games = {}
     for out in sorted(results.glob("swarm_vs_one*")):
         if (out / "study.json").exists():
-            games[json.loads((out / "study.json").read_text())["env"]] = load_rows(out)
-    claim = claims.CLAIMS["swarm_vs_one"]
-    reference, others = claim.better, [*claim.than, claims.EQUAL_TOTAL["swarm_vs_one"]]
+            meta = json.loads((out / "study.json").read_text())
+            cells, _ = planned_cells(swarm_vs_one.STUDY, meta["quick"], meta["frames_per_cell"], meta["seeds"])
+            games[meta["env"]] = load_rows(out, cells)
+    claim, equal = claims.CLAIMS["swarm_vs_one"], claims.EQUAL_TOTAL["swarm_vs_one"]
     parts = []
-    for other in others:
+    pairs = (
+        [(claim.better, other) for other in claim.than] + claims.EXTRA["swarm_vs_one"] + [(equal.swarm, equal.total)]
+    )
+    for reference, other in pairs:
         played = {
             env: rows for env, rows in games.items() if len(by_seed(rows, reference)) and len(by_seed(rows, other))
         }
@@ -317,7 +344,7 @@ def baselines_section(out: Path, results: Path) -> list[str]:
         swarm_meta = json.loads((swarm / "study.json").read_text()) if (swarm / "study.json").exists() else {}
         if swarm_meta.get("env") == env:
             swarm_rows = load_rows(swarm)
-            for setting in ("1 agent", "ring of 4"):
+            for setting in ("1 agent", swarm_vs_one.ONE_ATARI, "ring of 4"):
                 mine = [r for r in swarm_rows if r["setting"] == setting]
                 entries.append(
                     (f"gossiprl, {setting} ({swarm.name})", mine, swarm_meta["frames_per_cell"], swarm, read_curves)
@@ -376,9 +403,10 @@ REFERENCE_READING = {
 
 
 def reference_lines(references: list[str], scores: dict[str, np.ndarray], frames: dict[str, int]) -> list[str]:
-    """gossiprl's one agent against each reference run at the same frames, by P(X > Y) and its
-    interval, Bonferroni-corrected over the references compared, as experiments/claims.py judges."""
-    one = next((s for s in scores if s.startswith("gossiprl, 1 agent")), None)
+    """gossiprl's one agent at SB3's A2C rate (7e-4) against each reference run at the same frames,
+    by P(X > Y) and its interval, Bonferroni-corrected over the references compared, as
+    experiments/claims.py judges."""
+    one = next((s for s in scores if s.startswith(f"gossiprl, {swarm_vs_one.ONE_ATARI} (")), None)
     present = [s for s in references if s in scores]
     if one is None or not present:
         return []
@@ -400,7 +428,8 @@ def reference_lines(references: list[str], scores: dict[str, np.ndarray], frames
         return ["**What the data says.**", ""] + [f"- {f}." for f in findings] + [""]
     return (
         [
-            "**What the data says.** Each row against gossiprl's one agent at the same frames, by the probability "
+            f"**What the data says.** Each row against gossiprl's one agent at the same frames and SB3 A2C's rate "
+            f"({one}), by the probability "
             f"of improvement with {claims.size_text(size, len(same))}; whether two intervals of the table overlap "
             "is not read.",
             "",

@@ -10,6 +10,9 @@ run swarm_learning --frames 250000 --out experiments/results/swarm_learning
 run swarm_vs_one --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/swarm_vs_one
 run swarm_vs_one --env MinAtar/SpaceInvaders-v1 --frames 1000000 --seeds 1,2,3,4,5 \
     --out experiments/results/swarm_vs_one_spaceinvaders
+run lr_sweep --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/lr_sweep
+run lr_sweep --env MinAtar/SpaceInvaders-v1 --frames 1000000 --seeds 1,2,3,4,5 \
+    --out experiments/results/lr_sweep_spaceinvaders
 run baselines --out experiments/results/baselines
 run baselines --env MinAtar/SpaceInvaders-v1 --out experiments/results/baselines-spaceinvaders
 run learners --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/learners

@@ -25,12 +25,14 @@ from __future__ import annotations
 from experiments.common import Cell
 from experiments.study import Study, command
 from gossiprl.launch import SwarmConfig
+from gossiprl.rl.a2c import ATARI_LR
 from gossiprl.rl.settings import A2CConfig
 
-LR = A2CConfig().lr
+LR = ATARI_LR
+"""The rate every arm but the lr x2 ones ran at: A2C's default then, on every env."""
 OLD = {"shared_init": False, "gossip_overlap": False}
-OLD_A2C = {"entropy_coef": 0.0}
-NEW_A2C = {"entropy_coef": 0.01}
+OLD_A2C = {"entropy_coef": 0.0, "lr": LR}
+NEW_A2C = {"entropy_coef": 0.01, "lr": LR}
 OVERLAPPED = {"shared_init": True, "gossip_overlap": True, "overlap_lr_scale": False}
 LR_RULE = {"shared_init": True, "gossip_overlap": True, "overlap_lr_scale": True}
 BLOCKING = {"shared_init": True, "gossip_overlap": False}

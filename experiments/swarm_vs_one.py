@@ -6,10 +6,10 @@ agent (the ring trains 4x as many in all), and a third arm gives one agent the r
 Scores are each agent's own last-100 mean; summary.csv has their mean with a Student-t interval
 over seeds, and RESULTS.md the interquartile mean of all agents' scores with a bootstrap interval.
 
-Two more arms test the reading of docs/swarm-learning.md that the ring's mean is one learner with
-a 4x batch: the ring at twice the learning rate (the square-root rule for adaptive optimizers at
-n = 4, GALA's README setting for 4 learners), and one agent at twice the rate, its control, so a
-gain that is only "a better learning rate" shows itself there too.
+Two more arms run both at A2C's Atari rate, 7e-4, the default before experiments.lr_sweep gave
+MinAtar 1.4e-3: the comparison as it stood before (and the papers' rate). The arm given the ring's
+total frames runs at 7e-4 too, so it is compared with the ring at 7e-4; at the new rate it was not
+run (4M frames a cell).
 
     python -m experiments.swarm_vs_one --frames 1000000 --seeds 1,2,3,4,5
     python -m experiments.swarm_vs_one --quick
@@ -20,24 +20,25 @@ from __future__ import annotations
 from experiments.common import Cell
 from experiments.study import Study, command
 from gossiprl.launch import SwarmConfig
+from gossiprl.rl.a2c import ATARI_LR
 from gossiprl.rl.settings import A2CConfig
 
-LR = A2CConfig().lr
-EQUAL_TOTAL = "1 agent, the ring's total frames"
-RING_LR2 = "ring of 4, lr x2"
-ONE_LR2 = "1 agent, lr x2"
+EQUAL_TOTAL = "1 agent at lr 7e-4, the ring's total frames"
+ONE_ATARI = "1 agent, lr 7e-4"
+RING_ATARI = "ring of 4, lr 7e-4"
 SETTINGS = {
     "1 agent": (1, 1, {}),
     "ring of 4": (4, 1, {}),
-    EQUAL_TOTAL: (1, 4, {}),
-    RING_LR2: (4, 1, {"lr": 2 * LR}),
-    ONE_LR2: (1, 1, {"lr": 2 * LR}),
+    EQUAL_TOTAL: (1, 4, {"lr": ATARI_LR}),
+    ONE_ATARI: (1, 1, {"lr": ATARI_LR}),
+    RING_ATARI: (4, 1, {"lr": ATARI_LR}),
 }
 """setting: (agents, budget in multiples of --frames per agent, A2CConfig fields changed). The
 third arm is one agent given as many frames as the whole ring (4M at --frames 1000000): the
 comparison at equal total frames, where the ring has no advantage of experience, and one agent's
-curve that far (toward the published 5M). The lr arms name only the rate, so the default arms'
-cells (and the cache entries other studies share with them) stay the same runs."""
+curve that far (toward the published 5M). Each arm's cells are named by the rate they run at
+(experiments.common.a2c_rate), so the default arms are lr_sweep's 1.4e-3 cells and the 7e-4 arms
+are the ones this study ran when 7e-4 was the default: the shared cache runs each once."""
 
 
 def build(quick: bool, frames_per_agent: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:
@@ -55,12 +56,11 @@ STUDY = Study(
     "swarm_vs_one",
     "A ring of 4 against one agent",
     "with gossiprl run's defaults, does each agent of a ring of 4 learn at least as much per frame as one agent? "
-    "And does twice the learning rate turn the ring's 4x batch into more learning, where it does not for one agent?",
+    "And at A2C's Atari rate, the default before MinAtar got its own?",
     build,
     real_frames=1_000_000,
     quick_frames=4_000,
     frames_per_agent=True,
-    quick_settings=3,
 )
 main = command(STUDY)
 

@@ -557,6 +557,7 @@ def run(
     or a socket ``monitor.listen`` bound already. Actor settings no IMPALA learner could start with
     raise ValueError before anything starts, as `gossiprl run` refuses them: each agent would
     otherwise fail on its own, once the run dir and the broker were made."""
+    from .rl.learners import resolved
     from .rl.swarmlog import SwarmLog
 
     agent_cfg.check_actors(last_rank=swarm.agents - 1)
@@ -579,7 +580,7 @@ def run(
         # Each agent would wait to adopt its neighbours' parameters, and none has any: a deadlock.
         echo(f"no agent of {run_dir} wrote a checkpoint before it stopped: its agents start afresh")
         resume = False
-    swarm_log = SwarmLog(run_dir, {"swarm": asdict(swarm), "agent": asdict(agent_cfg)}, track)
+    swarm_log = SwarmLog(run_dir, {"swarm": asdict(swarm), "agent": asdict(resolved(agent_cfg))}, track)
     members = Swarm(swarm, agent_cfg, run_dir, resume, load, echo)
     timings = Timings(earlier=_number(earlier.get("wall_seconds"), 0.0))
     bar = None

@@ -17,14 +17,21 @@ from gossiprl.rl.envs import is_atari, is_minatar
 from gossiprl.rl.rollouts import LocalRollouts, Rollout
 from gossiprl.rl.settings import A2CConfig
 
+ATARI_LR = 7e-4
+"""A2C's RMSProp rate for Atari with 16 envs x 5 steps (Mnih et al. 2016; GALA and PALA keep it)."""
+MINATAR_LR = 2 * ATARI_LR
+"""MinAtar's: experiments.lr_sweep's pick of 1x, 2x and 4x ATARI_LR (docs/swarm-learning.md)."""
+
 
 def resolve_defaults(cfg: A2CConfig, env_id: str) -> A2CConfig:
     """Fill the settings whose default depends on the kind of env (None in A2CConfig): the
-    entropy bonus is the papers' 0.01 on Atari and MinAtar games and 0 on control tasks, rewards
-    are clipped on Atari only."""
+    learning rate is larger on MinAtar, whose small network and dense rewards take larger steps
+    than Atari's; the entropy bonus is the papers' 0.01 on Atari and MinAtar games and 0 on
+    control tasks; rewards are clipped on Atari only."""
     games = is_atari(env_id) or is_minatar(env_id)
     return replace(
         cfg,
+        lr=(MINATAR_LR if is_minatar(env_id) else ATARI_LR) if cfg.lr is None else cfg.lr,
         clip_rewards=is_atari(env_id) if cfg.clip_rewards is None else cfg.clip_rewards,
         entropy_coef=(0.01 if games else 0.0) if cfg.entropy_coef is None else cfg.entropy_coef,
     )

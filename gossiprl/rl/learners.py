@@ -10,6 +10,7 @@ and ``gamma`` (the rollout's shape and time-limit bootstrap).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -38,3 +39,10 @@ class Learner(Protocol):
 
 
 LEARNERS: dict[str, Learner] = {"a2c": a2c, "ppo": ppo, "impala": impala}
+
+
+def resolved(cfg):
+    """An AgentConfig with its learner's env-dependent defaults (None fields) filled in, as its
+    agents run them: what a person comparing runs needs to read, where config.json keeps the
+    None that means "the env's default"."""
+    return replace(cfg, **{cfg.algo: LEARNERS[cfg.algo].resolve_defaults(getattr(cfg, cfg.algo), cfg.env_id)})

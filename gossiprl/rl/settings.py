@@ -43,11 +43,11 @@ class A2CConfig:
     """Environments stepped in lockstep by this agent's learner (the papers' actors per learner)."""
     n_steps: int = field(default=5, metadata={"min": 1})
     """Steps per env before each update; the return bootstraps from V after n_steps."""
-    lr: float = field(default=7e-4, metadata={"min": 0, "min_open": True})
-    """RMSProp learning rate: A2C's Atari rate (GALA's README uses 1.4e-3 with 4 learners on Atari). On
-    MinAtar, 1.4e-3 scored higher at 1M frames for one agent in every seed of two games and, less
-    surely, for a ring of 4 on Breakout (docs/swarm-learning.md); the default stays until a sweep
-    picks MinAtar's rate."""
+    lr: float | None = field(default=None, metadata={"min": 0, "min_open": True})
+    """RMSProp learning rate. None means 1.4e-3 on MinAtar and A2C's Atari rate, 7e-4, elsewhere
+    (GALA's README runs 4 learners at 1.4e-3 on Atari). On MinAtar, 1.4e-3 scored higher than 7e-4 at
+    1M frames for one agent in every seed of Breakout and SpaceInvaders, and for a ring of 4 alike;
+    no rule in the number of agents is applied (docs/swarm-learning.md)."""
     rmsprop_eps: float = field(default=1e-5, metadata={"min": 0, "min_open": True})
     """RMSProp epsilon, larger than torch's 1e-8 default as in the A2C papers, so steps stay
     bounded while the squared-gradient average is still near zero."""

@@ -15,6 +15,8 @@ from click.testing import CliRunner
 
 from experiments import make_results
 from experiments.common import cell_key
+from experiments.swarm_vs_one import ONE_ATARI
+from gossiprl.rl.a2c import ATARI_LR
 
 SB3_MISSING = "Stable-Baselines3 is the optional extra: pip install 'gossiprl[baselines]'"
 
@@ -51,7 +53,7 @@ def test_sb3_gets_gossiprl_minatar_network_and_a2c_settings():
         model.get_env().close()
     a2c = bl.settings("a2c", env_id)
     cfg = A2CConfig()
-    assert (a2c["n_envs"], a2c["n_steps"], a2c["learning_rate"], a2c["ent_coef"]) == (16, 5, cfg.lr, 0.01)
+    assert (a2c["n_envs"], a2c["n_steps"], a2c["learning_rate"], a2c["ent_coef"]) == (16, 5, ATARI_LR, 0.01)
     model = bl.build("a2c", env_id, 1, a2c)
     group = model.policy.optimizer.param_groups[0]
     assert isinstance(model.policy.optimizer, torch.optim.RMSprop)
@@ -141,7 +143,11 @@ def test_results_md_puts_sb3_beside_gossiprl_one_agent_with_the_published_figure
         ],
         ["frames,train_s,return", "500000,100.0,2", "1000000,200.0,6"],
     )
-    gossip = {"1 agent": [[6.1], [6.2], [6.3], [6.0], [6.4]], "ring of 4": [[7.0, 7.1, 7.2, 7.3]] * 5}
+    gossip = {
+        "1 agent": [[9.1], [9.2], [9.3], [9.0], [9.4]],
+        ONE_ATARI: [[6.1], [6.2], [6.3], [6.0], [6.4]],
+        "ring of 4": [[7.0, 7.1, 7.2, 7.3]] * 5,
+    }
     # the swarm_vs_one study of another game is not set beside these: the one of the same env is
     _study(
         tmp_path / "swarm_vs_one",
@@ -168,6 +174,9 @@ def test_results_md_puts_sb3_beside_gossiprl_one_agent_with_the_published_figure
     assert "(swarm_vs_one)" not in text
     assert "Young & Tian 2019" in text and "read off the paper's curves, approximate" in text
     # the same five scores on both sides: P = 0.5, and an interval that holds it says nothing of equality
+    # SB3 A2C runs at A2C's Atari rate, so the one agent it is compared with is gossiprl's at that rate
+    assert f"SB3 A2C's rate (gossiprl, {ONE_ATARI} (swarm_vs_one_breakout))" in text
+    assert "| gossiprl, 1 agent (swarm_vs_one_breakout) | 1,000,000 | 5 | 9.20" in text
     assert "P(gossiprl's one agent > SB3 A2C) = 0.50 [" in text
     assert "this data cannot tell them apart, which does not show them equal" in text
     assert "P(gossiprl's one agent > SB3 PPO) = 1.00 [1.00, 1.00]: gossiprl's one agent ends higher" in text

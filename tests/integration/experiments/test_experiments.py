@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from experiments import (
     batch_period,
     layout,
+    lr_sweep,
     make_results,
     ordering_ablation,
     scaling,
@@ -87,7 +88,10 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
     layouts = {json.loads(p.read_text())["layout"] for p in (results / "layout" / "cells").glob("*.json")}
     assert layouts == ({"one host"} if layout.netns_unavailable() else {"one host", "netns"})
 
-    run_quick(swarm_vs_one, results / "swarm_vs_one")
+    # on CartPole the default rate is 7e-4, so the 7e-4 arms are the default arms' runs, reused
+    vs_one = run_quick(swarm_vs_one, results / "swarm_vs_one").splitlines()
+    for arm in (swarm_vs_one.ONE_ATARI, swarm_vs_one.RING_ATARI):
+        assert any(f"] {arm}, seed 1: " in line and line.endswith("reused)") for line in vs_one), vs_one
     arms = {
         json.loads(p.read_text())["setting"]: json.loads(p.read_text())
         for p in (results / "swarm_vs_one" / "cells").glob("*.json")
@@ -104,11 +108,14 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
         catch_exceptions=False,
     )
     assert again.exit_code == 0 and "1 agent, seed 1: done before, kept" in again.output, again.output
-    assert (results / "swarm_vs_one" / "results.csv").read_text().count("\n") == 4
+    assert (results / "swarm_vs_one" / "results.csv").read_text().count("\n") == 6
     # and the command RESULTS.md shows plans every cell again: the window's --only is not in it
     command = json.loads((results / "swarm_vs_one" / "study.json").read_text())["command"]
     out = results / "swarm_vs_one"
     assert command == f"python -m experiments.swarm_vs_one --quick --frames {FRAMES} --seeds 1 --out {out}"
+    # a cell is named by its rate: the sweep's 7e-4 agent is swarm_vs_one's default one on CartPole
+    sweep = run_quick(lr_sweep, results / "lr_sweep")
+    assert [line.endswith("reused)") for line in sweep.splitlines() if ", seed 1: " in line] == [True, False], sweep
 
     output = results / "RESULTS.md"
     result = CliRunner().invoke(
@@ -123,6 +130,7 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
         "Batch size and gossip period",
         "Layout: one host vs network-namespace hosts",
         "A ring of 4 against one agent",
+        "A2C's learning rate on MinAtar",
     ):
         assert f"## {title}" in text
     assert "frames for each agent (a ring of 4 trains 4x as many in all)" in text
@@ -131,7 +139,9 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
         text,
     )
     assert re.search(
-        r"At equal total frames: ring of 4 [\d.]+ against 1 agent, the ring's total frames [\d.]+, too few", text
+        r"At equal total frames: ring of 4, lr 7e-4 [\d.]+ against 1 agent at lr 7e-4, the ring's total frames [\d.]+, "
+        "too few",
+        text,
     )
     assert re.search(
         r"P\(ring of 4 > 1 agent\): at equal frames per agent [\d.]+ \(no interval: fewer than 3 seeds", text

@@ -8,10 +8,12 @@ there is one. The SB3 reference section (experiments/make_results.py) reads P(X 
 import numpy as np
 import pytest
 
-from experiments import claims, make_results
+from experiments import claims, make_results, swarm_vs_one
 from experiments.common import cell_key
 
-ONE, RING, TOTAL = "1 agent", "ring of 4", claims.EQUAL_TOTAL["swarm_vs_one"]
+ONE, RING = "1 agent", "ring of 4"
+EQUAL = claims.EQUAL_TOTAL["swarm_vs_one"]
+TOTAL = EQUAL.total
 BOUNDS = (0.0, 100.0)
 
 
@@ -70,19 +72,25 @@ def test_the_equal_total_gap_is_explained_by_steps_only_where_there_is_one():
     one = [[5.8], [6.0], [6.2], [5.9], [6.1]]
     ring = [[6.0, 6.2, 6.4, 6.6]] * 5
     far = claims.equal_total_lines(
-        "swarm_vs_one", claims.Arms(None, rows({ONE: one, RING: ring, TOTAL: [[16.0]] * 5})), BOUNDS
+        "swarm_vs_one", claims.Arms(None, rows({EQUAL.one: one, EQUAL.swarm: ring, TOTAL: [[16.0]] * 5})), BOUNDS
     )
     assert "outside that arm's interval" in far[0] and len(far) == 2
-    assert "took 12,500 steps of 320 transitions, as many as 1 agent (12,500 steps of 80" in far[1]
-    assert "1 agent, the ring's total frames took 50,000 steps of 80" in far[1]
+    assert f"took 12,500 steps of 320 transitions, as many as {EQUAL.one} (12,500 steps of 80" in far[1]
+    assert f"{TOTAL} took 50,000 steps of 80" in far[1]
+    # the swarm and the agent set beside the total are the arms with its rate, not the claim's defaults
+    assert far[0].startswith(f"- At equal total frames (4M): {EQUAL.swarm} 6.30") and (EQUAL.swarm, EQUAL.one) != (
+        RING,
+        ONE,
+    )
     near = claims.equal_total_lines(
         "swarm_vs_one",
-        claims.Arms(None, rows({ONE: one, RING: ring, TOTAL: [[6.0], [6.5], [6.2], [6.8], [6.3]]})),
+        claims.Arms(None, rows({EQUAL.one: one, EQUAL.swarm: ring, TOTAL: [[6.0], [6.5], [6.2], [6.8], [6.3]]})),
         BOUNDS,
     )
     assert "inside that arm's interval" in near[0] and len(near) == 1
     assert (
-        "not measured here" in claims.equal_total_lines("swarm_vs_one", claims.Arms(None, rows({ONE: one})), BOUNDS)[0]
+        "not measured here"
+        in claims.equal_total_lines("swarm_vs_one", claims.Arms(None, rows({EQUAL.one: one})), BOUNDS)[0]
     )
 
 
@@ -220,7 +228,8 @@ def test_a_ratio_to_a_score_of_zero_decides_nothing(tmp_path):
 def test_the_sb3_reference_is_read_by_p_with_bonferroni_intervals_not_by_overlap():
     one = np.arange(3.0, 15.0)[:, None]  # 12 seeds, IQM 8.50 [5.83, 11.17]
     scores = {
-        "gossiprl, 1 agent (swarm_vs_one)": one,
+        "gossiprl, 1 agent (swarm_vs_one)": one + 100,  # at MinAtar's rate: not SB3 A2C's, so not compared
+        f"gossiprl, {swarm_vs_one.ONE_ATARI} (swarm_vs_one)": one,
         "SB3 A2C": one - 4.5,  # IQM 4.00 [1.33, 6.67]: the 95 % intervals overlap, yet P is above 0.5
         "SB3 PPO": one,
         "SB3 DQN": one[:2],

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from experiments.common import fresh_out
 from experiments.study import RESULTS
+from gossiprl.rl.a2c import ATARI_LR
 
 
 def test_a_run_without_out_gets_a_fresh_directory_outside_the_committed_results():
@@ -22,15 +23,40 @@ def test_a_window_too_short_for_every_cell_runs_the_small_and_short_ones_and_pla
     from experiments import swarm_vs_one
     from experiments.study import run_now
 
-    one, ring, lr2 = {"1 agent", swarm_vs_one.ONE_LR2}, {"ring of 4", swarm_vs_one.RING_LR2}, swarm_vs_one.RING_LR2
+    one, ring, lr2 = (
+        {"1 agent", swarm_vs_one.ONE_ATARI},
+        {"ring of 4", swarm_vs_one.RING_ATARI},
+        swarm_vs_one.RING_ATARI,
+    )
     cells, _ = swarm_vs_one.build(False, 1_000_000, [1, 2])
     assert len(run_now(cells, None, None)) == 10
     short = run_now(cells, None, 1_000_000)  # the ring's agents get 1M each; the 4M agent waits
     assert {c.setting for c in short} == one | ring and len(short) == 8
     assert {c.setting for c in run_now(cells, 1, None)} == one | {swarm_vs_one.EQUAL_TOTAL}
     assert {c.setting for c in run_now(cells, 1, 1_000_000)} == one
-    assert {c.a2c.lr for c in cells if c.setting == lr2} == {2 * swarm_vs_one.LR}
+    assert {c.a2c.lr for c in cells if c.setting == lr2} == {ATARI_LR}
     assert {(c.setting, c.seed) for c in run_now(cells, None, None, (lr2,))} == {(lr2, 1), (lr2, 2)}
+
+
+def test_a_cell_is_named_by_the_rate_it_runs_at_not_by_the_default():
+    """MinAtar's default A2C rate moved from 7e-4 to 1.4e-3: a cell asking for the default and one
+    naming the rate it resolves to are the same run, so no study runs it twice and none lost its runs;
+    a PPO cell ignores A2C's rate and keeps the fingerprint it had."""
+    from experiments.common import Cell, cell_fingerprint
+    from gossiprl.launch import SwarmConfig
+    from gossiprl.rl.a2c import MINATAR_LR
+    from gossiprl.rl.settings import A2CConfig
+
+    def fingerprint(env, agent=None, **a2c):
+        return cell_fingerprint(
+            Cell("x", 1, 1, 1000, SwarmConfig(agents=1), A2CConfig(**a2c), agent=agent or {}), env, 10
+        )
+
+    assert fingerprint("MinAtar/Breakout-v1") == fingerprint("MinAtar/Breakout-v1", lr=MINATAR_LR)
+    assert fingerprint("MinAtar/Breakout-v1") != fingerprint("MinAtar/Breakout-v1", lr=ATARI_LR)
+    assert fingerprint("CartPole-v1") == fingerprint("CartPole-v1", lr=ATARI_LR)
+    ppo = {"algo": "ppo"}
+    assert fingerprint("MinAtar/Breakout-v1", ppo) == fingerprint("MinAtar/Breakout-v1", ppo, lr=ATARI_LR)
 
 
 def test_only_an_unknown_setting_is_refused_naming_the_studys_settings(tmp_path):
@@ -50,3 +76,24 @@ def test_the_recorded_command_is_quoted_and_plans_the_whole_study():
     command = rerun_command("learners", False, "MinAtar/Breakout-v1", 1_000_000, "1,2", None, Path("out dir"))
     expected = "python -m experiments.learners --env MinAtar/Breakout-v1 --frames 1000000 --seeds 1,2 --out 'out dir'"
     assert command == expected
+
+
+def test_results_md_names_the_settings_whose_cells_ran_under_other_settings(tmp_path):
+    """A cell of the default rate written before MinAtar's rate moved is still on disk: RESULTS.md
+    says which settings hold such runs rather than showing them as today's."""
+    import json
+
+    from experiments import make_results, swarm_vs_one
+    from experiments.common import cell_fingerprint
+
+    env = "MinAtar/Breakout-v1"
+    cells, _ = swarm_vs_one.build(False, 1_000_000, [1])
+    (tmp_path / "cells").mkdir()
+    for cell in cells:
+        fingerprint = cell_fingerprint(cell, env, 10)
+        if cell.setting == "ring of 4":  # the ring's row as the 7e-4 default wrote it
+            fingerprint = cell_fingerprint(next(c for c in cells if c.setting == swarm_vs_one.RING_ATARI), env, 10)
+        (tmp_path / "cells" / f"{cell.key}.json").write_text(
+            json.dumps({"fingerprint": fingerprint, "eval_episodes": 10})
+        )
+    assert make_results.stale_settings(tmp_path, cells, env) == ["ring of 4"]

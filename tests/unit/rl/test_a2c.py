@@ -128,7 +128,7 @@ def filled_rollout():
     ],
 )
 def test_time_limit_bootstraps_from_the_final_obs_unclipped(clip_rewards, expected_value_loss):
-    cfg = A2CConfig(num_envs=2, n_steps=2, gamma=0.5, clip_rewards=clip_rewards, entropy_coef=0.01)
+    cfg = A2CConfig(num_envs=2, n_steps=2, gamma=0.5, clip_rewards=clip_rewards, entropy_coef=0.01, lr=7e-4)
     model = ObsValue()
     rollout = filled_rollout()
     final_obs = torch.tensor([[8.0]])
@@ -148,7 +148,7 @@ def test_time_limit_bootstraps_from_the_final_obs_unclipped(clip_rewards, expect
 
 
 def test_without_the_bonus_a_cut_step_is_a_plain_terminal():
-    cfg = A2CConfig(num_envs=2, n_steps=2, gamma=0.5, clip_rewards=True, entropy_coef=0.01)
+    cfg = A2CConfig(num_envs=2, n_steps=2, gamma=0.5, clip_rewards=True, entropy_coef=0.01, lr=7e-4)
     metrics = update(ObsValue(), make_optimizer(ObsValue(), cfg), filled_rollout(), cfg)
     # G0 of env 0 = 1 (clipped 5, nothing after the done) -> A = 0 in place of 4
     assert metrics["losses/value_loss"].item() == pytest.approx((0.0 + 1.0 + 1.25**2 + 0.5**2) / 4)
@@ -292,7 +292,7 @@ def test_flatten_parameters_makes_every_parameter_a_view_of_one_tensor():
     # and an optimizer step on the module lands in the flat tensor
     flat.normal_(generator=torch.Generator().manual_seed(1))
     snapshot = flat.clone()
-    optimizer = make_optimizer(model, A2CConfig())
+    optimizer = make_optimizer(model, A2CConfig(lr=7e-4))
     logits, value = model(x)
     (logits.pow(2).sum() + value.pow(2).sum()).backward()
     optimizer.step()
@@ -369,7 +369,7 @@ def _checkpoint_state(**counters):
     from gossiprl.rl.agent import AgentConfig
 
     model = MLPActorCritic(4, 2)
-    optimizer = make_optimizer(model, A2CConfig())
+    optimizer = make_optimizer(model, A2CConfig(lr=7e-4))
     model(torch.ones(3, 4))[1].sum().backward()
     optimizer.step()
     return {
