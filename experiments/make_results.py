@@ -83,9 +83,10 @@ NOTES = {
     "ring's seed 1 each agent skipped 3-11 of its 12,500 gossip rounds while a benchmark starved the job for "
     "a few seconds (`gossip/skipped` in its metrics). They ran before robust mixing capped the cumulative "
     "drift of what mixing does to an agent; the cap changes a mix only when it cuts (`gossip/clipped`), which "
-    "no honest run measured so far has done. The two lr x2 arms ran on 2026-11-27, with the cap, while other "
-    "studies ran beside them at the same nice level: their wall-clock and frames/s are not comparable with the "
-    "other arms'; per frame they are.",
+    "no honest run measured so far has done. The default arms (lr 1.4e-3, MinAtar's default since 2026-11-27) ran "
+    "that day, with the cap, as lr x2 arms of this study and of experiments.lr_sweep, while other studies ran "
+    "beside them at the same nice level: their wall-clock and frames/s are not comparable with the 7e-4 arms'; "
+    "per frame they are.",
     "ordering_ablation": "Async agents gossip without turn locks; max-staleness k makes an agent wait once it "
     "has gone k rounds without a letter from an in-peer.",
 }
@@ -142,7 +143,7 @@ def study_section(folder: str, results: Path) -> list[str]:
         lines += [
             "",
             f"**Older runs.** The cells of {'; '.join(stale)} ran under an older agent loop or other settings than "
-            "the command above plans today (A2C's MinAtar rate was 7e-4 before experiments.lr_sweep; "
+            "the command above plans today (A2C's MinAtar rate was 7e-4 before 2026-11-27; "
             "experiments.common.LOOP_VERSION says what else changed): they are shown as they ran, and running the "
             "command again replaces them.",
         ]
@@ -512,7 +513,9 @@ def table1_section(results: Path) -> list[str]:
         "seed, whole seeds resampled for the interval (none with fewer than "
         f"{stats.MIN_RUNS} seeds), cut to the score's range, {bounds_said}. The untrained row is the initial "
         "network played as final policies are (experiments/untrained.py). These intervals are each arm's own; "
-        "whether two overlap is not a comparison (the swarm_vs_one and learners sections compare arms by P(X > Y)).",
+        "whether two overlap is not a comparison (the swarm_vs_one and learners sections compare arms by P(X > Y)). "
+        "Rates: gossiprl's A2C rows run at its default for the env (1.4e-3 on MinAtar, 7e-4 elsewhere), SB3's A2C "
+        "at 7e-4; the reference section compares SB3's A2C with gossiprl's one agent at 7e-4.",
         "",
     ]
     if any(at == frames for _, at, _, _ in PUBLISHED.get(env, [])):

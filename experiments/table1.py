@@ -12,8 +12,9 @@ agent gets ``--frames`` (a ring of 4 trains 4x as many in all), and the arms are
   stays on the learner's thread (no ``gossip_overlap``): GALA's learner writes and aggregates
   in its own loop, and its non-blocking is the skipping, which async mode does; the overlap
   would also add a round of delay and scale the learning rate, so the arm would differ from
-  PALA-A2C in more than the ordering. The learning rate is A2C's default in every A2C arm
-  (GALA's README doubles it for 4 learners; experiments/swarm_learning measures that apart);
+  PALA-A2C in more than the ordering. The learning rate is A2C's default in every A2C arm:
+  on MinAtar 1.4e-3, the rate GALA's README gives 4 learners on Atari, for one agent and swarms
+  alike (docs/swarm-learning.md);
 * ``PPO, 1 agent`` and ``IMPALA, 1 agent``: experiments/learners' cells of the same names.
 
 Every cell but GALA-A2C's is taken from the study it belongs to (``build`` calls theirs and

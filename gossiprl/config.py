@@ -416,7 +416,9 @@ def _upgrade(data: dict) -> dict:
     (a whole run's dump has checkpoint_every and a2c; a file a person wrote need not), every agent
     drew its own initial network, and an unset entropy_coef meant 0 on MinAtar, where it now means
     the papers' 0.01. Before overlap_lr_scale existed, overlapped gossip kept the learning rate as
-    given. Before there was more than one learner, every run was A2C."""
+    given. Before there was more than one learner, every run was A2C. Before MinAtar had its own A2C
+    rate, the A2C section of a PPO or IMPALA run recorded the then default 7e-4, which is None now
+    (an A2C run keeps the 7e-4 it learned with)."""
     swarm, agent = dict(data.get("swarm") or {}), dict(data.get("agent") or {})
     if "agents" in agent:
         agent["agents_per_host"] = agent.pop("agents")
@@ -432,6 +434,8 @@ def _upgrade(data: dict) -> dict:
         agent["overlap_lr_scale"] = False
     if {"checkpoint_every", "a2c"} <= agent.keys() and "algo" not in agent:
         agent["algo"] = "a2c"
+    if agent.get("algo", "a2c") != "a2c" and (agent.get("a2c") or {}).get("lr") == 7e-4:
+        agent["a2c"] = {**agent["a2c"], "lr": None}
     return {**data, "swarm": swarm, "agent": agent}
 
 

@@ -509,11 +509,15 @@ def changed_on_resume(saved: Mapping, cfg, path: str = "") -> list[str]:
     The command line refuses such a flag (gossiprl.config.resume_values), but config.json is
     data: a resumed run whose config.json had ``deviation_bound: null`` turned the bound off
     silently. The checkpoint records what the agent learned with, so that is what is checked;
-    a field the checkpoint lacks (written by an older gossiprl) is taken as it comes."""
+    a field the checkpoint lacks (written by an older gossiprl) is taken as it comes, and so is the
+    section of a learner the run does not use (a PPO run's a2c.lr went from 7e-4 to None when
+    MinAtar got its own A2C rate, and never decided anything the run did)."""
     out = []
     for f in fields(cfg):
         value, name = getattr(cfg, f.name), f"{path}{f.name}"
         if f.metadata.get("may_change_on_resume") or f.name not in saved:
+            continue
+        if not path and f.name in LEARNERS and f.name != cfg.algo:
             continue
         if is_dataclass(value) and isinstance(saved[f.name], Mapping):
             out += changed_on_resume(saved[f.name], value, f"{name}.")

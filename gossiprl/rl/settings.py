@@ -46,7 +46,7 @@ class A2CConfig:
     lr: float | None = field(default=None, metadata={"min": 0, "min_open": True})
     """RMSProp learning rate. None means 1.4e-3 on MinAtar and A2C's Atari rate, 7e-4, elsewhere
     (GALA's README runs 4 learners at 1.4e-3 on Atari). On MinAtar, 1.4e-3 scored higher than 7e-4 at
-    1M frames for one agent in every seed of Breakout and SpaceInvaders, and for a ring of 4 alike;
+    1M frames for one agent in every seed of Breakout and SpaceInvaders, and for a ring of 4's agents;
     no rule in the number of agents is applied (docs/swarm-learning.md)."""
     rmsprop_eps: float = field(default=1e-5, metadata={"min": 0, "min_open": True})
     """RMSProp epsilon, larger than torch's 1e-8 default as in the A2C papers, so steps stay

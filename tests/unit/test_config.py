@@ -313,6 +313,22 @@ def test_a_config_json_from_before_shared_init_resumes_with_what_it_learned_with
     assert (fresh.shared_init, fresh.gossip_overlap, fresh.a2c.entropy_coef) == (True, False, None)
 
 
+def test_a_ppo_run_from_before_minatars_a2c_rate_resumes(tmp_path, recorded):
+    """A PPO run's record holds A2C's section too, at the default of its day: 7e-4 before the A2C
+    rate became None (the env's rate). That section never decided anything the run did, so it is
+    no setting of the wrong learner and the run resumes; an A2C run keeps the 7e-4 it learned with."""
+    for algo in ("ppo", "a2c"):
+        run_dir = tmp_path / algo
+        run_dir.mkdir()
+        agent = asdict(AgentConfig(env_id="MinAtar/Breakout-v1", total_frames=1500, algo=algo))
+        agent["a2c"]["lr"] = 7e-4
+        (run_dir / "config.json").write_text(json.dumps({"swarm": asdict(SwarmConfig(agents=1)), "agent": agent}))
+        result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
+        assert result.exit_code == 1 and "recorded" in result.output, result.output
+        (_, agent_cfg, _), _ = recorded[-1]
+        assert (agent_cfg.algo, agent_cfg.a2c.lr) == (algo, None if algo == "ppo" else 7e-4)
+
+
 def test_an_overlapped_run_from_before_the_lr_rule_resumes_with_its_learning_rate(tmp_path, recorded):
     """Overlapped runs started before overlap_lr_scale used the learning rate as given."""
     run_dir = tmp_path / "old"

@@ -152,3 +152,19 @@ def test_resuming_with_another_algo_is_refused_and_an_old_checkpoint_is_a2cs(tmp
     agent.save_checkpoint(path, {k: v for k, v in state.items() if k != "sha256"})
     with pytest.raises(agent.CheckpointError, match="was trained by a2c, this run asks for ppo"):
         agent.train(replace(tiny_ppo(), total_frames=512), tmp_path, rank=0, resume=True)
+
+
+def test_a_ppo_checkpoint_from_before_minatars_a2c_rate_resumes():
+    """Its unused A2C section recorded 7e-4, the default then, which is None now: not a setting the
+    run learned with, so no reason to refuse the resume. The PPO section still is."""
+    from dataclasses import asdict, replace
+
+    from gossiprl.rl import agent
+
+    cfg = tiny_ppo()
+    saved = asdict(cfg)
+    saved["a2c"]["lr"] = 7e-4
+    assert agent.changed_on_resume(saved, cfg) == []
+    assert agent.changed_on_resume(saved, replace(cfg, ppo=replace(cfg.ppo, lr=1e-3))) == [
+        f"ppo.lr={cfg.ppo.lr!r} (now 0.001)"
+    ]
