@@ -55,6 +55,12 @@ STUDIES = [
 ]
 """The studies' dirs under the results, in report order (a study run on a second game has its own dir)."""
 
+LR_SWEEP_NOTE = (
+    "**Per-second comparisons here are void.** The 2.8e-3 cells and SpaceInvaders' ring at 1.4e-3 ran on "
+    "2026-11-27 two studies at a time, beside test runs, on 2 cores; the 7e-4 and 1.4e-3 cells are swarm_vs_one's "
+    "runs, read from the shared cache, made in other windows of load. Per frame every cell stands."
+)
+
 NOTES = {
     "learners": "**Per-second comparisons here are void.** These cells ran at nice 19 beside another study, "
     "and the study was held stopped (SIGSTOP) for whole cells of that one: a cell's wall-clock, and its "
@@ -87,6 +93,8 @@ NOTES = {
     "that day, with the cap, as lr x2 arms of this study and of experiments.lr_sweep, while other studies ran "
     "beside them at the same nice level: their wall-clock and frames/s are not comparable with the 7e-4 arms'; "
     "per frame they are.",
+    "lr_sweep": LR_SWEEP_NOTE,
+    "lr_sweep_spaceinvaders": LR_SWEEP_NOTE,
     "ordering_ablation": "Async agents gossip without turn locks; max-staleness k makes an agent wait once it "
     "has gone k rounds without a letter from an in-peer.",
 }
