@@ -22,6 +22,18 @@ from helpers import poll_until
 
 
 @pytest.fixture(scope="session", autouse=True)
+def ctrl_c_reaches_children():
+    """Tests send SIGINT (Ctrl-C) to the processes they start and expect them to stop. A suite
+    started in the background by a non-interactive shell (``pytest ... &`` in a script) has SIGINT
+    ignored, and an ignored signal stays ignored across exec: a broker started by such a test never
+    saw its Ctrl-C and the test timed out. A handler of this process's own is reset to the default
+    in a child at exec, so the children get Ctrl-C as from a terminal."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def session_tmpdir(tmp_path_factory):
     """Point TMPDIR, for this process and every subprocess it starts, at a directory of this session.
 
