@@ -43,7 +43,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from .rl.settings import LEARNERS
+from .rl.settings import ATARI_LR, LEARNERS
 from .settings import AgentConfig, SwarmConfig
 
 SECTIONS = {"swarm": SwarmConfig, "agent": AgentConfig}
@@ -434,7 +434,7 @@ def _upgrade(data: dict) -> dict:
         agent["overlap_lr_scale"] = False
     if {"checkpoint_every", "a2c"} <= agent.keys() and "algo" not in agent:
         agent["algo"] = "a2c"
-    if agent.get("algo", "a2c") != "a2c" and (agent.get("a2c") or {}).get("lr") == 7e-4:
+    if agent.get("algo", "a2c") != "a2c" and (agent.get("a2c") or {}).get("lr") == ATARI_LR:
         agent["a2c"] = {**agent["a2c"], "lr": None}
     return {**data, "swarm": swarm, "agent": agent}
 

@@ -15,15 +15,7 @@ from torch import nn
 
 from gossiprl.rl.envs import is_atari, is_minatar
 from gossiprl.rl.rollouts import LocalRollouts, Rollout
-from gossiprl.rl.settings import A2CConfig
-
-ATARI_LR = 7e-4
-"""A2C's RMSProp rate for Atari with 16 envs x 5 steps (Mnih et al. 2016; GALA and PALA keep it)."""
-MINATAR_LR = 2 * ATARI_LR
-"""MinAtar's: at 1M frames, one agent at 2x ATARI_LR scored higher than at 1x in every seed of
-Breakout and SpaceInvaders, and so did a ring of 4's agents. 4x scored higher still for one agent on
-Breakout, but a ring at 4x is not yet measured, so the default takes the step measured for both
-(experiments.lr_sweep, docs/swarm-learning.md)."""
+from gossiprl.rl.settings import ATARI_LR, MINATAR_LR, A2CConfig
 
 
 def resolve_defaults(cfg: A2CConfig, env_id: str) -> A2CConfig:

@@ -37,6 +37,15 @@ def deviation_factor(value) -> float | None:
     return factor
 
 
+ATARI_LR = 7e-4
+"""A2C's RMSProp rate for Atari with 16 envs x 5 steps (Mnih et al. 2016; GALA and PALA keep it)."""
+MINATAR_LR = 2 * ATARI_LR
+"""MinAtar's: at 1M frames, one agent at 2x ATARI_LR scored higher than at 1x in every seed of
+Breakout and SpaceInvaders, and so did a ring of 4's agents. 4x scored higher still for one agent on
+Breakout, but a ring at 4x is not yet measured, so the default takes the step measured for both
+(experiments.lr_sweep, docs/swarm-learning.md)."""
+
+
 @dataclass
 class A2CConfig:
     num_envs: int = field(default=16, metadata={"min": 1})
