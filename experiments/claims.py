@@ -55,8 +55,6 @@ class Claim:
     axis: str
     """'frames' or 'wall_s': the axis the claim is about, the only one its verdict is read on."""
     why_axis: str
-    void: str | None = None
-    """Why this study's data cannot test the claim on its axis (None: it can)."""
     margin: float | None = None
     """For a claim that ``better`` costs little against ``than``: the share of their IQM it may lose,
     judged by IQM ratio against 1 - margin (None: judged by P(X > Y) against 0.5)."""
@@ -121,10 +119,10 @@ CLAIMS = {
         "(Fig. 7: the time efficiency decays past 16-24 agents)",
         "4 agents, ring",
         ("1 agent (plain A2C)",),
-        "wall_s",
-        "the claim is about time",
-        void="the per-second figures of these cells are void (Note), and on 2 shared cores more agents do "
-        "not bring more cores, which is the claim's premise",
+        "frames",
+        "with each agent on its own hardware, as in the paper, an agent's frames are its wall-clock (plus the "
+        "gossip's share, which the time split gives); on these 2 shared cores more agents bring no more cores, "
+        "so the cells' own seconds measure the sharing, not the claim",
     ),
     "batch_period": Claim(
         "this project's own question, not a paper's claim (PALA Fig. 12 varies the batch size, not the gossip period)",
@@ -313,9 +311,12 @@ def verdict(claim: Claim, readings: list[str]) -> str:
     return f"{VERDICT['cannot tell apart']}: {'; '.join(why)}"
 
 
-def claim_lines(name: str, arms: Arms, bounds: tuple[float, float], frames_per_agent: bool) -> list[str]:
+def claim_lines(
+    name: str, arms: Arms, bounds: tuple[float, float], frames_per_agent: bool, stale: tuple[str, ...] = ()
+) -> list[str]:
     """The claim, the axis it is judged on and why, its margin if it has one, each comparison
-    there, and the verdict."""
+    there, and the verdict. No verdict is read off an arm in ``stale``, whose cells ran under other
+    settings than the study plans today (an older loop, another budget): they answer another question."""
     claim = CLAIMS.get(name)
     if claim is None:
         return ["- No paper claim is recorded for this study in experiments/claims.py: no verdict."]
@@ -328,8 +329,12 @@ def claim_lines(name: str, arms: Arms, bounds: tuple[float, float], frames_per_a
             f"contradicts it where the interval lies below, and cannot decide it otherwise. Why "
             f"{100 * claim.margin:g} %: {claim.why_margin}."
         )
-    if claim.void:
-        return [f"{head} This data **cannot decide** it: {claim.void}."]
+    older = [arm for arm in (claim.better, *claim.than) if arm in stale]
+    if older:
+        return [
+            f"{head} This data **cannot decide** it: the cells of {', '.join(older)} ran under other settings than "
+            "the study plans today (Older runs, above); running its command again replaces them."
+        ]
     missing = [s for s in (claim.better, *claim.than) if not len(arms.scores(s, claim.axis))]
     if claim.better in missing or set(claim.than) <= set(missing):
         return [f"{head} Not tested here: no finished cell of {', '.join(missing)} has a score there."]

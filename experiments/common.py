@@ -1,10 +1,10 @@
 """What every study shares: cells run through the real launcher, resumably, and judged one way.
 
-A *cell* is one (setting, seed) of a study: one ``launch.run`` (or, for independent agents,
-n single-agent runs started side by side on the same cores). When it finishes, its row goes to
+A *cell* is one (setting, seed) of a study: one ``launch.run``. When it finishes, its row goes to
 ``<out>/cells/<setting>__seed<k>.json`` and its learning curves to ``<out>/curves/``; a cell
-whose row exists is never run again, so a study killed half-way continues where it stopped.
-Run dirs (checkpoints, TensorBoard) stay under ``<out>/runs/``, which is not committed.
+whose row exists is never run again, so a study killed half-way continues where it stopped, and
+the cell it was running goes on from its agents' last checkpoint (``run_cell``). Run dirs
+(checkpoints, TensorBoard) stay under ``<out>/runs/``, which is not committed.
 
 How cells are judged, the same way in every study:
 
@@ -30,7 +30,6 @@ import math
 import os
 import shutil
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -50,6 +49,8 @@ QUICK_ENV = "CartPole-v1"
 REAL_ENV = "MinAtar/Breakout-v1"
 CURVE_ROWS = 40
 """Rows of metrics.csv per agent: enough points for a curve, few enough to keep results small."""
+CHECKPOINTS = 10
+"""Checkpoints each agent of a cell writes over its budget: what a study stopped mid-cell goes on from."""
 
 LOOP_VERSION = 4
 """The agent loop's defaults cells were run under: 2 since the MinAtar entropy bonus, the shared
@@ -93,8 +94,11 @@ class Cell:
     agents: int
     total_frames: int
     """For the whole swarm; each agent gets total_frames // agents."""
-    swarm: launch.SwarmConfig | None
-    """None: independent agents (no gossip), each a plain A2C run with the seed its rank would have."""
+    swarm: launch.SwarmConfig
+    """Topology 'none' (``NO_GOSSIP``) for independent agents, the no-gossip control: one broker-less
+    swarm, whose agent r draws from (seed, rank r) and starts from the swarm's initial network, as a
+    gossiping swarm's agent r does. (They were lone runs seeded seed + r, so the control's seeds
+    shared most of their agents' episodes: 3 of 4 at 4 agents.)"""
     a2c: A2CConfig = field(default_factory=A2CConfig)
     gossip_every: int = 1
     agent: dict = field(default_factory=dict)
@@ -171,7 +175,7 @@ def run_study(
             shutil.copyfile(shared / f"{fingerprint}.csv", out / "curves" / f"{cell.key}.csv")
             note = " (same run as in another study, reused)"
         else:
-            row = {**run_cell(cell, out, env_id, threshold, eval_episodes), "fingerprint": fingerprint}
+            row = {**run_cell(cell, out, env_id, threshold, eval_episodes, fingerprint), "fingerprint": fingerprint}
             shutil.copyfile(out / "curves" / f"{cell.key}.csv", shared / f"{fingerprint}.csv")
             _write_json(shared / f"{fingerprint}.json", row)
             note = ""
@@ -192,7 +196,7 @@ def shared_row(cell: Cell, shared: Path, fingerprint: str) -> dict | None:
 def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
     # the swarm's own budget is left out: the cell's total_frames is the budget, and a cell keeps
     # the fingerprint it had before SwarmConfig held one
-    swarm = {k: v for k, v in asdict(cell.swarm).items() if k != "total_frames"} if cell.swarm else None
+    swarm = {k: v for k, v in asdict(cell.swarm).items() if k != "total_frames"}
     what = {
         "env": env_id,
         "eval_episodes": eval_episodes,
@@ -247,10 +251,34 @@ def steps_per_update(cfg: AgentConfig) -> int:
     return hp.num_envs * hp.n_steps * getattr(hp, "batch_size", 1)
 
 
-def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_episodes: int) -> dict:
-    run_dir = out / "runs" / cell.key
-    if run_dir.exists():  # a cell cut short last time: its partial run is not a result
+def start_session(run_dir: Path, fingerprint: str, resumable: bool) -> int:
+    """Which session of the cell's run this is: 1 for a fresh run, k + 1 to go on from the
+    checkpoints a run of the same cell left after k sessions (the study stopped mid-cell, e.g. when
+    its machine's session ended). The count lives beside the run dir, in ``<key>.cell.json``, since
+    launch refuses a run dir it did not make; anything else there, or a run of other settings, is
+    cleared."""
+    marker = run_dir.with_name(f"{run_dir.name}.cell.json")
+    sessions = 0
+    if resumable and marker.exists() and (run_dir / "config.json").exists():
+        kept = json.loads(marker.read_text())
+        sessions = kept["sessions"] if kept.get("fingerprint") == fingerprint else 0
+    if not sessions and run_dir.exists():
         shutil.rmtree(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(marker, {"fingerprint": fingerprint, "sessions": sessions + 1})
+    return sessions + 1
+
+
+def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_episodes: int, fingerprint: str) -> dict:
+    """Run one cell, or go on with the run a stopped study left of it (``start_session``); its row.
+
+    Each agent checkpoints ``CHECKPOINTS`` times over its budget, so a stop costs at most a tenth
+    of a cell. A resumed cell's per-frame figures are its run's as if unbroken, but for the episodes
+    in progress at the stop, which restart; its wall-clock adds sessions under different machine
+    load, so its row says how many (``sessions``) and RESULTS.md names it. Cells a ``runner`` runs
+    (agents in network namespaces) start afresh."""
+    run_dir = out / "runs" / cell.key
+    sessions = start_session(run_dir, fingerprint, resumable=cell.runner is None)
     per_agent = cell.total_frames // cell.agents
     agent_cfg = AgentConfig(
         env_id=env_id,
@@ -258,20 +286,16 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         total_frames=per_agent,
         a2c=cell.a2c,
         gossip_every=cell.gossip_every,
-        checkpoint_every=10**9,
+        checkpoint_every=10**9,  # set below, from the updates the budget allows
         agents_per_host=cell.agents,
         device="cpu",
         **cell.agent,
     )
     updates = max(1, per_agent // steps_per_update(agent_cfg))
-    agent_cfg = replace(agent_cfg, log_every=max(1, updates // CURVE_ROWS))
-    start = time.perf_counter()
-    if cell.swarm is None:
-        summaries = _run_independent(cell.agents, agent_cfg, run_dir)
-        wall = time.perf_counter() - start
-        agent_dirs = [run_dir / f"indep-{r}" / "agent-0" for r in range(cell.agents)]
-        gossip_share = 0.0
-    elif cell.runner is not None:
+    agent_cfg = replace(
+        agent_cfg, log_every=max(1, updates // CURVE_ROWS), checkpoint_every=max(1, updates // CHECKPOINTS)
+    )
+    if cell.runner is not None:
         summaries, wall = cell.runner(cell, agent_cfg, run_dir)
         agent_dirs = [run_dir / f"agent-{r}" for r in range(cell.agents)]
         gossip_share = sum(s["gossip_s"] for s in summaries) / sum(s["wall_seconds"] for s in summaries)
@@ -280,6 +304,7 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
             replace(cell.swarm, total_frames=cell.total_frames),
             agent_cfg,
             run_dir,
+            resume=sessions > 1,
             show_progress=False,
             echo=lambda *a: None,
         )
@@ -318,36 +343,10 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         "solved": None if threshold is None else bool(min(means) >= threshold),
         "consensus_solved": None if threshold is None else bool(consensus["mean"] >= threshold),
         "gossip_share": gossip_share,
+        "sessions": sessions,
         **split,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-
-
-def _run_independent(n: int, agent_cfg: AgentConfig, run_dir: Path) -> list[dict]:
-    """n plain A2C runs at once, agent r seeded seed + r as rank r of a swarm would be, each
-    with the torch threads a swarm's agent would get, so they share the cores as a swarm does."""
-    threads = max(1, (os.cpu_count() or 1) // n)
-    results: dict[int, dict] = {}
-    errors: list[BaseException] = []
-
-    def one(r: int) -> None:
-        try:
-            cfg = replace(agent_cfg, seed=agent_cfg.seed + r, torch_threads=threads)
-            solo = launch.SwarmConfig(agents=1, topology=None, total_frames=cfg.total_frames)
-            results[r] = launch.run(solo, cfg, run_dir / f"indep-{r}", show_progress=False, echo=lambda *a: None)[
-                "per_agent"
-            ][0]
-        except BaseException as err:  # re-raised below, in the caller's thread
-            errors.append(err)
-
-    workers = [threading.Thread(target=one, args=(r,), name=f"indep-{r}") for r in range(n)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    if errors:
-        raise errors[0]
-    return [results[r] for r in range(n)]
 
 
 def _write_curves(agent_dirs: list[Path], path: Path) -> list[dict]:

@@ -48,8 +48,11 @@ STUDIES = [
     "lr_sweep_spaceinvaders",
     "learners",
     "ordering_ablation",
+    "ordering_ablation_spaceinvaders",
     "topology_ablation",
+    "topology_ablation_spaceinvaders",
     "scaling",
+    "scaling_spaceinvaders",
     "batch_period",
     "layout",
 ]
@@ -155,6 +158,14 @@ def study_section(folder: str, results: Path) -> list[str]:
             "experiments.common.LOOP_VERSION says what else changed): they are shown as they ran, and running the "
             "command again replaces them.",
         ]
+    resumed = [f"{r['setting']} seed {r['seed']} ({r['sessions']} sessions)" for r in rows if r.get("sessions", 1) > 1]
+    if resumed:
+        lines += [
+            "",
+            f"**Resumed cells.** {'; '.join(resumed)} went on from their agents' checkpoints after the study was "
+            "stopped: per frame they stand (only the episodes in progress at the stop restarted), but their "
+            "wall-clock and frames/s add sessions under different machine load.",
+        ]
     if not rows:
         return lines + [""]
     finish(module.STUDY, out, rows, settings, meta["env"], meta["threshold"])
@@ -190,7 +201,7 @@ def study_section(folder: str, results: Path) -> list[str]:
         lines += [f"**Note.** {NOTES[folder]}", ""]
     frames_per_agent = bool(meta.get("frames_per_agent"))
     lines += ["**What the data says.**", ""]
-    lines += claims.claim_lines(name, arms, bounds, frames_per_agent)
+    lines += claims.claim_lines(name, arms, bounds, frames_per_agent, tuple(stale_settings(out, cells, meta["env"])))
     lines += claims.equal_total_lines(name, arms, bounds)
     lines += iqm_lines(arms, settings, bounds, frames_per_agent)
     lines += claims.comparison_lines(name, arms, settings, frames_per_agent)

@@ -1,7 +1,7 @@
 """Ordering ablation, the PALA paper's central claim: sync turn locks vs async gossip with
-max-staleness 1, 4 and unbounded vs no gossip at all, 4 agents on a ring, equal total frames.
+max-staleness 1, 4 and unbounded vs no gossip at all, 4 agents on a ring, the same frames for each agent.
 
-    python -m experiments.ordering_ablation            # MinAtar Breakout, 3 seeds
+    python -m experiments.ordering_ablation            # MinAtar Breakout, 1M frames per agent, 5 seeds
     python -m experiments.ordering_ablation --quick    # CartPole smoke test
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 from experiments.common import Cell
 from experiments.study import Study, command
 from gossiprl.launch import SwarmConfig
+from gossiprl.settings import NO_GOSSIP
 
 AGENTS = 4
 MODES = {
@@ -21,12 +22,23 @@ MODES = {
 }
 
 
-def build(quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:
+def build(quick: bool, frames_per_agent: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:
     cells = []
     for setting, (mode, staleness) in MODES.items():
-        swarm = SwarmConfig(agents=AGENTS, topology="ring", mode=mode, max_staleness=staleness) if mode else None
+        swarm = (
+            SwarmConfig(agents=AGENTS, topology="ring", mode=mode, max_staleness=staleness)
+            if mode
+            else SwarmConfig(agents=AGENTS, topology=NO_GOSSIP)
+        )
         cells += [
-            Cell(setting, seed, AGENTS, frames, swarm, labels={"mode": mode or "none", "max_staleness": staleness})
+            Cell(
+                setting,
+                seed,
+                AGENTS,
+                frames_per_agent * AGENTS,
+                swarm,
+                labels={"mode": mode or "none", "max_staleness": staleness},
+            )
             for seed in seeds
         ]
     return cells, list(MODES)
@@ -36,10 +48,12 @@ STUDY = Study(
     "ordering_ablation",
     "Ordering ablation",
     "do PALA's turn locks (sync) learn better than unordered async gossip, or than no gossip, "
-    "for the same frames and the same time?",
+    "for the same frames per agent?",
     build,
-    real_frames=100_000,
+    real_frames=1_000_000,
+    quick_frames=4_000,
     quick_settings=2,
+    frames_per_agent=True,
 )
 main = command(STUDY)
 

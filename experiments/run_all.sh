@@ -17,11 +17,20 @@ run baselines --out experiments/results/baselines
 run baselines --env MinAtar/SpaceInvaders-v1 --out experiments/results/baselines-spaceinvaders
 run learners --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/learners
 run table1 --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/table1
-run ordering_ablation --out experiments/results/ordering_ablation
-run scaling --max-agents 8 --out experiments/results/scaling
-run topology_ablation --max-agents 4 --out experiments/results/topology_ablation
+# The papers' questions at 1M frames per agent, 5 seeds, two games: about 1.1 G frames, some 55 hours of
+# this 2-core VM at 5-6k frames/s (a 16-agent cell is 16M frames). Small swarms first on each game.
+for game in Breakout SpaceInvaders; do
+    suffix=$([ "$game" = Breakout ] || echo _spaceinvaders)
+    env="--env MinAtar/$game-v1"
+    run ordering_ablation $env --out "experiments/results/ordering_ablation$suffix"
+    run topology_ablation $env --max-agents 4 --out "experiments/results/topology_ablation$suffix"
+    run scaling $env --max-agents 8 --out "experiments/results/scaling$suffix"
+done
 run batch_period --out experiments/results/batch_period
 run layout --out experiments/results/layout
-run topology_ablation --out experiments/results/topology_ablation
-run scaling --out experiments/results/scaling
+for game in Breakout SpaceInvaders; do
+    suffix=$([ "$game" = Breakout ] || echo _spaceinvaders)
+    run topology_ablation --env "MinAtar/$game-v1" --out "experiments/results/topology_ablation$suffix"
+    run scaling --env "MinAtar/$game-v1" --out "experiments/results/scaling$suffix"
+done
 python -m experiments.make_results

@@ -1,6 +1,6 @@
 """The command line every study shares, and what it writes when its cells are done.
 
-    python -m experiments.<study> [--quick] [--seeds 1,2,3] [--frames N] [--env ID] [--out DIR]
+    python -m experiments.<study> [--quick] [--seeds 1,2,3,4,5] [--frames N] [--env ID] [--out DIR]
 
 ``--quick`` is CartPole with a tiny budget and two seeds (a smoke test of the whole pipeline,
 not a result); without it the study runs on MinAtar Breakout. Into ``--out`` go ``cells/``
@@ -68,7 +68,7 @@ class Study:
 def command(study: Study) -> click.Command:
     @click.command(help=f"{study.title}: {study.question}")
     @click.option("--quick", is_flag=True, help=f"{QUICK_ENV}, tiny budget, 2 seeds: checks the pipeline in ~1 min.")
-    @click.option("--seeds", default=None, help="Comma-separated seeds [default: 1,2,3; --quick: 1,2].")
+    @click.option("--seeds", default=None, help="Comma-separated seeds [default: 1,2,3,4,5; --quick: 1,2].")
     @click.option(
         "--frames",
         type=click.IntRange(min=1),
@@ -118,7 +118,7 @@ def command(study: Study) -> click.Command:
             threshold = env_spec(env_id)
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--env") from None
-        seed_list = [int(s) for s in (seeds or ("1,2" if quick else "1,2,3")).split(",") if s.strip()]
+        seed_list = [int(s) for s in (seeds or ("1,2" if quick else "1,2,3,4,5")).split(",") if s.strip()]
         frames = frames or (study.quick_frames if quick else study.real_frames)
         out = out or fresh_out(study.name, quick)
         cells, settings = planned_cells(study, quick, frames, seed_list)

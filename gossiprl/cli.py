@@ -658,7 +658,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
     check_actors(cfg, last_rank=swarm.agents - 1)
     check_device(cfg.device)
     threshold = check_env(cfg.env_id)
-    if swarm.topology is not None:
+    if swarm.gossips:
         topology_of(vars(swarm), swarm.agents)
     swarm = replace(swarm, stop_at_return=stop_target(swarm.stop_at_return, threshold))
     if track:
@@ -666,14 +666,14 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
             import wandb  # noqa: F401
         except ImportError:
             raise click.ClickException("--track needs wandb: pip install 'gossiprl[track]'") from None
-    stats_listener = metrics_listener(metrics_port, gossips=swarm.topology is not None)
+    stats_listener = metrics_listener(metrics_port, gossips=swarm.gossips)
     run_dir = run_dir or default_run_dir(cfg.env_id, swarm.topology, cfg.seed, cfg.algo)
-    layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.topology else "no gossip"
+    layout = f"{swarm.topology} topology, {swarm.mode} mode" if swarm.gossips else "no gossip"
     click.echo(
         f"{swarm.agents} {cfg.algo} agent(s) on {cfg.env_id}, {layout}; run dir {run_dir}"
         + (f"; stops at mean return {swarm.stop_at_return}" if swarm.stop_at_return is not None else "")
     )
-    click.echo(threads_line(replace(cfg, agents_per_host=swarm.agents), gossips=swarm.topology is not None))
+    click.echo(threads_line(replace(cfg, agents_per_host=swarm.agents), gossips=swarm.gossips))
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill gets the same clean stop as Ctrl-C
     try:
         summary = launch.run(

@@ -61,6 +61,10 @@ def make_topology(
     )
 
 
+NO_GOSSIP = "none"
+"""The --topology of agents that train side by side without gossip."""
+
+
 @dataclass
 class SwarmConfig:
     """A swarm on one host; with AgentConfig (gossiprl.rl.settings), all that ``launch.run`` needs.
@@ -74,9 +78,11 @@ class SwarmConfig:
     """Frames for the whole swarm, split evenly: each agent trains total_frames // agents (its
     AgentConfig.total_frames, which run sets). Counted over a resume, so resuming with a larger
     budget extends the run. Atari frames count the 4 skipped frames, as the papers do."""
-    topology: str | None = field(default=None, metadata={"metavar": "NAME|FILE"})
+    topology: str | None = field(default=None, metadata={"metavar": "NAME|FILE|none"})
     """A family (ring, sparse, full, ...: `gossiprl topology table` lists them) or a .npy/.csv
-    row-stochastic mixing matrix. None: ring with several agents, plain A2C with one."""
+    row-stochastic mixing matrix. 'none': no gossip and no broker, the agents train side by side
+    (the control a topology ablation compares against: agent r still draws from (seed, rank r) and
+    starts from the swarm's initial network). None: ring with several agents, plain A2C with one."""
     peers: int | None = field(default=None, metadata={"min": 1})
     """Out-peers per agent for the sparse topology (default ceil(log2 n))."""
     time_varying: bool = False
@@ -122,9 +128,14 @@ class SwarmConfig:
         if self.topology is None and self.agents > 1:
             self.topology = "ring"
 
+    @property
+    def gossips(self) -> bool:
+        """Whether the agents exchange parameters (through a broker)."""
+        return self.topology not in (None, NO_GOSSIP)
+
     def make_topology(self):
-        """The swarm's topology (``make_topology``), or None for a lone agent with no gossip."""
-        if self.topology is None:
+        """The swarm's topology (``make_topology``), or None where it does not gossip."""
+        if not self.gossips:
             return None
         return make_topology(self.topology, self.agents, **{k: getattr(self, k) for k in TOPOLOGY_OPTIONS})
 

@@ -44,3 +44,13 @@ def test_the_python_api_refuses_actor_settings_before_anything_starts(tmp_path, 
     with pytest.raises(ValueError, match=r"^--actors-bind tcp://127\.0\.0\.1:65534: agent 3 would bind port 65537"):
         launch.run(SwarmConfig(agents=4), cfg, tmp_path / "r", show_progress=False)
     assert not (tmp_path / "r").exists()
+
+
+def test_topology_none_is_a_swarm_without_gossip_and_none_alone_is_a_ring():
+    from gossiprl.settings import NO_GOSSIP, SwarmConfig
+
+    control = SwarmConfig(agents=8, topology=NO_GOSSIP)
+    assert not control.gossips and launch.make_topology(control) is None  # no broker is started
+    default = SwarmConfig(agents=8)
+    assert default.gossips and default.topology == "ring" and launch.make_topology(default).n == 8
+    assert not SwarmConfig(agents=1).gossips

@@ -9,8 +9,10 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from experiments import (
@@ -24,9 +26,14 @@ from experiments import (
     table1,
     topology_ablation,
 )
-from experiments.common import ci95, swarm_curve
+from experiments.common import QUICK_ENV, Cell, cell_fingerprint, ci95, run_study, start_session, swarm_curve
+from gossiprl import launch
+from gossiprl.rl.agent import AgentConfig
 
 FRAMES = "8000"
+QUARTER = "2000"
+"""Each agent's frames in the ordering, topology and scaling studies: their ring of 4 then runs the
+8,000 frames batch_period gives its whole ring, and the three share that cell."""
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +41,9 @@ def results(tmp_path_factory):
     return tmp_path_factory.mktemp("results")
 
 
-def run_quick(module, out):
+def run_quick(module, out, frames=FRAMES):
     result = CliRunner().invoke(
-        module.main, ["--quick", "--seeds", "1", "--frames", FRAMES, "--out", str(out)], catch_exceptions=False
+        module.main, ["--quick", "--seeds", "1", "--frames", frames, "--out", str(out)], catch_exceptions=False
     )
     assert result.exit_code == 0, result.output
     return result.output
@@ -45,7 +52,7 @@ def run_quick(module, out):
 @pytest.mark.timeout(300)
 def test_ordering_quick_runs_every_cell_then_resumes_without_rerunning(results):
     out = results / "ordering_ablation"
-    first = run_quick(ordering_ablation, out)
+    first = run_quick(ordering_ablation, out, QUARTER)
     assert first.count("consensus eval") >= 2 and "seed 1:" in first
     rows = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
     assert {r["setting"] for r in rows} == {"sync (turn locks)", "none (independent)"}
@@ -55,29 +62,35 @@ def test_ordering_quick_runs_every_cell_then_resumes_without_rerunning(results):
         assert r["solved"] is (r["agents_min"] >= 475)
     sync = next(r for r in rows if r["mode"] == "sync")
     indep = next(r for r in rows if r["mode"] == "none")
-    assert sync["gossip_share"] > 0 and indep["gossip_share"] == 0
+    # without gossip the loop's gossip time is the skipped branch, microseconds an update
+    assert sync["gossip_share"] > 0.01 and indep["gossip_share"] < 1e-3
+    # the independent agents are one broker-less swarm, so agent r draws from (seed, rank r), as a
+    # gossiping swarm's does, not a lone run seeded seed + r that the next seed's agent r - 1 repeats
+    indep_dir = out / "runs" / "none--independent-__seed1"
+    configs = [json.loads(p.read_text()) for p in sorted(indep_dir.glob("agent-*/config.json"))]
+    assert [(c["rank"], c["seed"]) for c in configs] == [(r, 1) for r in range(4)]
     assert (out / "figure.png").stat().st_size > 10_000
     assert (out / "results.csv").read_text().count("\n") == 3
 
-    second = run_quick(ordering_ablation, out)
+    second = run_quick(ordering_ablation, out, QUARTER)
     assert second.count("done before, kept") == 2
 
     # a row left by an older loop version is not this cell's result: the cell is run (here: taken
     # from the shared cache, which holds it under today's fingerprint) and the row replaced
     stale = sorted((out / "cells").glob("*.json"))[0]
     stale.write_text(json.dumps({**json.loads(stale.read_text()), "fingerprint": "from-loop-3"}))
-    third = run_quick(ordering_ablation, out)
+    third = run_quick(ordering_ablation, out, QUARTER)
     assert third.count("done before, kept") == 1 and third.count("from an older loop") == 1
     assert third.count("reused") == 1 and json.loads(stale.read_text())["fingerprint"] != "from-loop-3"
 
 
 @pytest.mark.timeout(400)
 def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(results):
-    topology = run_quick(topology_ablation, results / "topology_ablation")
+    topology = run_quick(topology_ablation, results / "topology_ablation", QUARTER)
     assert topology.count("reused") == 2  # ring-4 and independent-4 ran in the ordering study
     batch = run_quick(batch_period, results / "batch_period")
     assert batch.count("reused") == 1
-    run_quick(scaling, results / "scaling")
+    run_quick(scaling, results / "scaling", QUARTER)
     scaling_rows = [json.loads(p.read_text()) for p in (results / "scaling" / "cells").glob("*.json")]
     assert sorted(r["agents"] for r in scaling_rows) == [1, 2]
     for r in scaling_rows:
@@ -171,6 +184,33 @@ def test_table1_quick_reuses_swarm_vs_ones_cells_and_runs_only_the_async_ring(re
     text = "\n".join(make_results.table1_section(results))
     assert f"| {table1.GALA} | 4 | {int(FRAMES):,} | 1 |" in text and "Missing cells" not in text
     assert "3 of 3 cells finished, 0 of them read from the shared cell cache" in text
+
+
+@pytest.mark.timeout(200)
+def test_a_cell_cut_short_goes_on_from_its_checkpoints(tmp_path):
+    """A study stopped mid-cell (a machine session's end) loses at most a tenth of the cell: run
+    again, it resumes each agent from its last checkpoint and says in the row how many sessions the
+    run took. A run of other settings left under the cell's name is not resumed."""
+    cell = Cell("ring of 2", 1, 2, 8000, launch.SwarmConfig(agents=2, topology="ring"))
+    fingerprint = cell_fingerprint(cell, QUICK_ENV, 2)
+    out = tmp_path / "study"
+    run_dir = out / "runs" / cell.key
+    # the first session, stopped once each agent had trained half its budget (and checkpointed)
+    assert start_session(run_dir, fingerprint, resumable=True) == 1
+    agent = AgentConfig(env_id=QUICK_ENV, seed=1, device="cpu", log_every=2, checkpoint_every=5)
+    launch.run(replace(cell.swarm, total_frames=4000), agent, run_dir, show_progress=False, echo=lambda *a: None)
+
+    lines = []
+    (row,) = run_study([cell], out, QUICK_ENV, 475.0, 2, echo=lines.append)
+    assert row["sessions"] == 2 and row["frames"] == 8000, lines
+    curve = (out / "curves" / f"{cell.key}.csv").read_text().splitlines()[1:]
+    frames = sorted({int(line.split(",")[1]) for line in curve})
+    assert frames[0] <= 2000 and frames[-1] == 4000  # the first session's rows are kept; each agent's 4,000
+    checkpoint = torch.load(run_dir / "agent-1" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["counters"]["frames"] == 4000
+
+    # another cell's run under this name: cleared, not resumed
+    assert start_session(run_dir, "another-cell", resumable=True) == 1 and not run_dir.exists()
 
 
 def test_study_help_runs_as_a_script():

@@ -61,11 +61,13 @@ def test_too_few_seeds_or_a_missing_arm_decide_nothing():
     assert "Not tested here: no finished cell of ring of 4" in verdict({ONE: [[5.8], [6.0], [6.2]]})
 
 
-def test_a_claim_the_data_cannot_test_on_its_axis_says_why():
-    scaling = claims.CLAIMS["scaling"]
-    arms = claims.Arms(None, [{"setting": scaling.better, "equal_wall_s": 11.0}])
-    (line,) = claims.claim_lines("scaling", arms, BOUNDS, frames_per_agent=False)
-    assert "at equal wall-clock (11 s of training)" in line and "**cannot decide** it: the per-second" in line
+def test_no_verdict_is_read_off_cells_that_ran_under_other_settings():
+    one = [[5.8], [6.0], [6.2], [5.9], [6.1]]
+    ring = [[7.0, 7.2, 7.4, 7.6]] * 5  # a clear gain, had the ring's cells answered today's question
+    arms = claims.Arms(None, rows({ONE: one, RING: ring}))
+    assert "**supports** it" in claims.claim_lines("swarm_vs_one", arms, BOUNDS, frames_per_agent=True)[0]
+    (line,) = claims.claim_lines("swarm_vs_one", arms, BOUNDS, frames_per_agent=True, stale=(RING, "another arm"))
+    assert f"**cannot decide** it: the cells of {RING} ran under other settings" in line and "P(" not in line
 
 
 def test_the_equal_total_gap_is_explained_by_steps_only_where_there_is_one():
