@@ -255,11 +255,12 @@ def start_session(run_dir: Path, fingerprint: str, resumable: bool) -> int:
     """Which session of the cell's run this is: 1 for a fresh run, k + 1 to go on from the
     checkpoints a run of the same cell left after k sessions (the study stopped mid-cell, e.g. when
     its machine's session ended). The count lives beside the run dir, in ``<key>.cell.json``, since
-    launch refuses a run dir it did not make; anything else there, or a run of other settings, is
-    cleared."""
+    launch refuses a run dir it did not make; anything else there, a run of other settings, or one
+    stopped before any agent's first checkpoint, is cleared."""
     marker = run_dir.with_name(f"{run_dir.name}.cell.json")
     sessions = 0
-    if resumable and marker.exists() and (run_dir / "config.json").exists():
+    checkpointed = any(run_dir.glob("agent-*/checkpoint.pt"))
+    if resumable and marker.exists() and (run_dir / "config.json").exists() and checkpointed:
         kept = json.loads(marker.read_text())
         sessions = kept["sessions"] if kept.get("fingerprint") == fingerprint else 0
     if not sessions and run_dir.exists():

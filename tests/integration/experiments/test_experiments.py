@@ -211,6 +211,10 @@ def test_a_cell_cut_short_goes_on_from_its_checkpoints(tmp_path):
 
     # another cell's run under this name: cleared, not resumed
     assert start_session(run_dir, "another-cell", resumable=True) == 1 and not run_dir.exists()
+    # a run stopped before its first checkpoint has nothing to go on from: a fresh first session
+    (run_dir / "agent-0").mkdir(parents=True)
+    (run_dir / "config.json").write_text("{}")
+    assert start_session(run_dir, "another-cell", resumable=True) == 1 and not run_dir.exists()
 
 
 def test_study_help_runs_as_a_script():
