@@ -28,13 +28,14 @@ from gossiprl.rl.vtrace import vtrace
 
 def resolve_defaults(cfg: ImpalaConfig, env_id: str) -> ImpalaConfig:
     """Fill the settings whose default depends on the kind of env (None in ImpalaConfig): the
-    paper's batch (8 unrolls of 4 envs) and entropy cost 0.01 on Atari and MinAtar games, 2 unrolls
-    and no entropy bonus on control tasks (as A2C's), rewards clipped on Atari only; the queue holds
-    two batches unless told."""
+    paper's unrolls (20 steps), batch (8 unrolls of 4 envs) and entropy cost 0.01 on Atari and
+    MinAtar games; on control tasks A2C's: 5-step unrolls, 4 to a batch (80 transitions) and no
+    entropy bonus; rewards clipped on Atari only; the queue holds two batches unless told."""
     games = is_atari(env_id) or is_minatar(env_id)
-    batch_size = (8 if games else 2) if cfg.batch_size is None else cfg.batch_size
+    batch_size = (8 if games else 4) if cfg.batch_size is None else cfg.batch_size
     return replace(
         cfg,
+        n_steps=(20 if games else 5) if cfg.n_steps is None else cfg.n_steps,
         batch_size=batch_size,
         queue_size=2 * batch_size if cfg.queue_size is None else cfg.queue_size,
         clip_rewards=is_atari(env_id) if cfg.clip_rewards is None else cfg.clip_rewards,

@@ -147,12 +147,15 @@ class ImpalaConfig:
     """Directory of the public keys (*.key) of the actors this learner admits, with --actors-curve-secret."""
     num_envs: int = field(default=4, metadata={"min": 1})
     """Environments each actor steps in lockstep: one unroll is --n-steps x this many env steps."""
-    n_steps: int = field(default=20, metadata={"min": 1})
-    """Unroll length: steps per env in each trajectory an actor hands over (the paper's 20)."""
+    n_steps: int | None = field(default=None, metadata={"min": 1})
+    """Unroll length: steps per env in each trajectory an actor hands over. None: the paper's 20 on
+    Atari and MinAtar games, 5 on control tasks (A2C's; docs/algorithm.md)."""
     batch_size: int | None = field(default=None, metadata={"min": 1})
     """Unrolls per update. None: 8 on Atari and MinAtar games (with 4 envs per actor, the paper's
-    batch of 32 trajectories of 20 steps), 2 on control tasks (on CartPole, seed 1, 8 had reached a mean
-    return of 330 of 475 after 1M frames, 2 solved in 235k; docs/algorithm.md)."""
+    batch of 32 trajectories of 20 steps), 4 on control tasks, whose unrolls are 5 steps: A2C's 80
+    transitions an update. On CartPole, 20-step unrolls in batches of 2 solved 4 of 8 one-agent runs
+    within 500k frames (the others rose past 400, then fell back to 200-370); 5 x 4 solved 5 of 5,
+    and 3 of 3 rings of 2 (docs/algorithm.md)."""
     queue_size: int | None = field(default=None, metadata={"min": 1})
     """Unrolls the trajectory queue holds; a full queue blocks the actors (back-pressure) rather
     than dropping their work, which bounds the policy lag. None: two batches."""

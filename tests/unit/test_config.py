@@ -453,6 +453,7 @@ def test_an_impala_run_resumes_as_impala_and_refuses_another_algo(tmp_path, reco
     run_dir = tmp_path / "x"
     run_dir.mkdir()
     agent = asdict(AgentConfig(algo="impala", total_frames=2000, impala=ImpalaConfig(actors_per_agent=3)))
+    agent["impala"]["n_steps"] = 20  # as a run recorded it before control tasks got 5-step unrolls by default
     (run_dir / "config.json").write_text(json.dumps({"swarm": asdict(SwarmConfig(agents=1)), "agent": agent}))
     result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
     assert result.exit_code == 1 and "recorded" in result.output, result.output

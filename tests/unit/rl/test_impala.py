@@ -432,6 +432,8 @@ def test_defaults_are_the_papers_on_games_and_smaller_batches_on_control_tasks()
     games = impala.resolve_defaults(ImpalaConfig(), "MinAtar/Breakout-v1")
     control = impala.resolve_defaults(ImpalaConfig(), "CartPole-v1")
     assert (games.batch_size, games.queue_size, games.entropy_coef, games.n_steps) == (8, 16, 0.01, 20)
-    assert (control.batch_size, control.queue_size, control.entropy_coef) == (2, 4, 0.0)
-    given = impala.resolve_defaults(ImpalaConfig(batch_size=3, queue_size=1, entropy_coef=0.1), "CartPole-v1")
-    assert (given.batch_size, given.queue_size, given.entropy_coef) == (3, 1, 0.1)
+    assert (control.batch_size, control.queue_size, control.entropy_coef, control.n_steps) == (4, 8, 0.0, 5)
+    given = impala.resolve_defaults(
+        ImpalaConfig(batch_size=3, queue_size=1, entropy_coef=0.1, n_steps=20), "CartPole-v1"
+    )
+    assert (given.batch_size, given.queue_size, given.entropy_coef, given.n_steps) == (3, 1, 0.1, 20)
