@@ -1,7 +1,7 @@
 """Batch size and gossip period (PALA paper Fig. 12): n-steps x envs per update, and gossip
 every k updates, 4 agents on a sync ring, equal total frames.
 
-    python -m experiments.batch_period            # MinAtar Breakout, 3 seeds
+    python -m experiments.batch_period            # MinAtar Breakout, 5 seeds
     python -m experiments.batch_period --quick    # CartPole smoke test
 """
 

@@ -115,8 +115,9 @@ CLAIMS = {
     ),
     "scaling": Claim(
         "PALA Figs. 6-8",
-        "more agents reach a score sooner in wall-clock time, each agent on its own cores and GPU "
-        "(Fig. 7: the time efficiency decays past 16-24 agents)",
+        "gossiping agents learn at least as much per agent step as one agent, so that with each agent on its own "
+        "cores and GPU more agents reach a score sooner in wall-clock time (Fig. 7: the time efficiency decays "
+        "past 16-24 agents; the other counts are in the comparisons below)",
         "4 agents, ring",
         ("1 agent (plain A2C)",),
         "frames",
@@ -154,6 +155,7 @@ EXTRA = {
         *swarm_learning.CONTROL.items(),
     ],
     "learners": [("PPO, ring of 4", "PPO, 1 agent"), ("IMPALA, ring of 4", "IMPALA, 1 agent")],
+    "scaling": [(f"{n} agents, ring", "1 agent (plain A2C)") for n in (2, 8, 16)],
     "swarm_vs_one": [(swarm_vs_one.RING_ATARI, swarm_vs_one.ONE_ATARI), ("1 agent", swarm_vs_one.ONE_ATARI)],
     "lr_sweep": [
         (f"{layout}, {rate}", f"{layout}, {other}")
@@ -163,7 +165,8 @@ EXTRA = {
     + [(f"ring of 4, {rate}", f"1 agent, {rate}") for rate in lr_sweep.RATES],
 }
 """Comparisons a study reports beside its claim's: swarm_learning's every ring against its control,
-the learners study's ring of each learner against its one agent, swarm_vs_one's arms at A2C's Atari
+the learners study's ring of each learner against its one agent, the scaling study's other rings
+against one agent, swarm_vs_one's arms at A2C's Atari
 rate (the ring against one agent as it stood before MinAtar's rate, and what the new rate bought one
 agent), and every pair of lr_sweep's rates for one agent and for the ring, and the ring against one
 agent at each rate."""

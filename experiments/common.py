@@ -251,35 +251,45 @@ def steps_per_update(cfg: AgentConfig) -> int:
     return hp.num_envs * hp.n_steps * getattr(hp, "batch_size", 1)
 
 
-def start_session(run_dir: Path, fingerprint: str, resumable: bool) -> int:
-    """Which session of the cell's run this is: 1 for a fresh run, k + 1 to go on from the
-    checkpoints a run of the same cell left after k sessions (the study stopped mid-cell, e.g. when
-    its machine's session ended). The count lives beside the run dir, in ``<key>.cell.json``, since
+def start_session(run_dir: Path, fingerprint: str, resumable: bool) -> tuple[int, bool]:
+    """(which session of the cell's run this is, whether its training is already done).
+
+    1 for a fresh run; k + 1 to go on from the checkpoints a run of the same cell left after k
+    sessions (the study stopped mid-cell, e.g. when its machine's session ended); k and True when
+    the run finished training and the study stopped while it scored the policies, whose summary.json
+    then stands for the training. The record lives beside the run dir, in ``<key>.cell.json``, since
     launch refuses a run dir it did not make; anything else there, a run of other settings, or one
     stopped before any agent's first checkpoint, is cleared."""
-    marker = run_dir.with_name(f"{run_dir.name}.cell.json")
+    marker = _marker(run_dir)
+    kept = json.loads(marker.read_text()) if resumable and marker.exists() else {}
+    if kept.get("fingerprint") == fingerprint and kept.get("trained") and (run_dir / "summary.json").exists():
+        return kept["sessions"], True
     sessions = 0
-    checkpointed = any(run_dir.glob("agent-*/checkpoint.pt"))
-    if resumable and marker.exists() and (run_dir / "config.json").exists() and checkpointed:
-        kept = json.loads(marker.read_text())
-        sessions = kept["sessions"] if kept.get("fingerprint") == fingerprint else 0
+    if kept.get("fingerprint") == fingerprint and (run_dir / "config.json").exists():
+        sessions = kept["sessions"] if any(run_dir.glob("agent-*/checkpoint.pt")) else 0
     if not sessions and run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     _write_json(marker, {"fingerprint": fingerprint, "sessions": sessions + 1})
-    return sessions + 1
+    return sessions + 1, False
+
+
+def _marker(run_dir: Path) -> Path:
+    return run_dir.with_name(f"{run_dir.name}.cell.json")
 
 
 def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_episodes: int, fingerprint: str) -> dict:
     """Run one cell, or go on with the run a stopped study left of it (``start_session``); its row.
 
     Each agent checkpoints ``CHECKPOINTS`` times over its budget, so a stop costs at most a tenth
-    of a cell. A resumed cell's per-frame figures are its run's as if unbroken, but for the episodes
-    in progress at the stop, which restart; its wall-clock adds sessions under different machine
-    load, so its row says how many (``sessions``) and RESULTS.md names it. Cells a ``runner`` runs
-    (agents in network namespaces) start afresh."""
+    of a cell. A resumed run learns as an unbroken one would in distribution, not step for step:
+    the episodes in progress at the stop restart, the random streams are drawn anew from (seed,
+    rank, updates), and letters in flight or IMPALA's queued unrolls are dropped. Its wall-clock adds
+    sessions under different machine load, so its row says how many (``sessions``) and RESULTS.md
+    names it; its time split is its last session's, over the frames that session trained
+    (``timed_frames``). Cells a ``runner`` runs (agents in network namespaces) start afresh."""
     run_dir = out / "runs" / cell.key
-    sessions = start_session(run_dir, fingerprint, resumable=cell.runner is None)
+    sessions, trained = start_session(run_dir, fingerprint, resumable=cell.runner is None)
     per_agent = cell.total_frames // cell.agents
     agent_cfg = AgentConfig(
         env_id=env_id,
@@ -301,14 +311,18 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         agent_dirs = [run_dir / f"agent-{r}" for r in range(cell.agents)]
         gossip_share = sum(s["gossip_s"] for s in summaries) / sum(s["wall_seconds"] for s in summaries)
     else:
-        summary = launch.run(
-            replace(cell.swarm, total_frames=cell.total_frames),
-            agent_cfg,
-            run_dir,
-            resume=sessions > 1,
-            show_progress=False,
-            echo=lambda *a: None,
-        )
+        if trained:
+            summary = json.loads((run_dir / "summary.json").read_text())
+        else:
+            summary = launch.run(
+                replace(cell.swarm, total_frames=cell.total_frames),
+                agent_cfg,
+                run_dir,
+                resume=sessions > 1,
+                show_progress=False,
+                echo=lambda *a: None,
+            )
+            _write_json(_marker(run_dir), {"fingerprint": fingerprint, "sessions": sessions, "trained": True})
         wall = summary["wall_seconds"]
         summaries = [summary["per_agent"][r] for r in sorted(summary["per_agent"])]
         if summary["failed"]:
@@ -330,6 +344,8 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         "num_envs": cell.a2c.num_envs,
         "gossip_every": cell.gossip_every,
         "frames": int(sum(s["frames"] for s in summaries)),
+        "steps_per_update": steps_per_update(agent_cfg),
+        "timed_frames": float(np.mean([s["fps"] * s["wall_seconds"] for s in summaries])),
         "wall_s": wall,
         "fps": sum(s["frames"] for s in summaries) / wall,
         "agents_mean": float(np.mean(means)),

@@ -133,7 +133,11 @@ def _time_split_bars(ax, rows: list[dict], settings: list[str]) -> None:
 
 
 def updates_per_agent(row: dict) -> float:
-    return max(1.0, row["frames"] / row["agents"] / (row["n_steps"] * row["num_envs"]))
+    """The updates an agent's timers (``rollout_s`` ...) cover: those of the frames its last session
+    trained (``timed_frames``, all of them but in a resumed cell), each of the learner's own size
+    (rows from before either was recorded: A2C's, n_steps x num_envs, over all the frames)."""
+    timed = row.get("timed_frames", row["frames"] / row["agents"])
+    return max(1.0, timed / row.get("steps_per_update", row["n_steps"] * row["num_envs"]))
 
 
 def reference_figure(

@@ -4,7 +4,7 @@ to 1 Gbit/s, as the paper's cluster. Both talk tcp; the spread one with CURVE ke
 broker on a non-loopback address must. Needs root and iproute2 (as tests/integration/test_netns.py);
 without them only the one-host setting runs, and the study says why.
 
-    sudo python -m experiments.layout            # MinAtar Breakout, 3 seeds
+    sudo python -m experiments.layout            # MinAtar Breakout, 5 seeds
     sudo python -m experiments.layout --quick    # CartPole smoke test
 """
 

@@ -19,6 +19,7 @@ import importlib
 import json
 import math
 import platform
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -68,7 +69,8 @@ NOTES = {
     "learners": "**Per-second comparisons here are void.** These cells ran at nice 19 beside another study, "
     "and the study was held stopped (SIGSTOP) for whole cells of that one: a cell's wall-clock, and its "
     "frames/s, include those pauses (PPO's seed 2: 2,161 s for 1M frames). The per-frame columns stand.",
-    "scaling": "**Per-second comparisons here are void.** These cells ran when every agent got cores // agents "
+    "scaling": "Of the cells run at 100k frames for the whole swarm (Older runs): **their per-second comparisons "
+    "are void.** These cells ran when every agent got cores // agents "
     "torch threads, so the single A2C agent ran 2 intra-op threads on cores other jobs also loaded, and "
     "such an agent collapses (`gossiprl bench train`'s row 'one agent, one core busy, old threads': 0.28x "
     "the minimal loop under the same load, against 1.15x with one thread): its 556 frames/s, and every "
@@ -83,10 +85,9 @@ NOTES = {
     "layout": "The spread layout runs the agents as `gossiprl agent` commands in network namespaces (as "
     "tests/integration/test_netns.py does): a broker host and two agent hosts with 2 agents each, every link "
     "shaped with tc to 1 Gbit/s; the same two cores serve all of them.",
-    "topology_ablation": "The ring and independent 4-agent cells are the ordering study's runs, reused (same "
-    "configuration and seeds); they ran earlier in the session, when other jobs loaded the "
-    "cores more, so their wall-clock and frames/s are not comparable with the other "
-    "topologies' — compare those settings per frame.",
+    "topology_ablation": "The ring and independent 4-agent cells are runs other studies share (the shared cell "
+    "cache: the same configuration and seeds run once): they ran in other windows of machine load, so their "
+    "wall-clock and frames/s are not comparable with the other topologies' — compare those settings per frame.",
     "swarm_vs_one": "Cells ran under loop version 4: agent r of seed s draws from (seed, rank), so seeds share "
     "no agent's episodes (the first run, with seed + rank streams, is in docs/swarm-learning.md). In the "
     "ring's seed 1 each agent skipped 3-11 of its 12,500 gossip rounds while a benchmark starved the job for "
@@ -149,14 +150,20 @@ def study_section(folder: str, results: Path) -> list[str]:
     ]
     if missing:
         lines += ["", f"**Missing cells** (not finished when this file was generated): {', '.join(missing)}."]
-    stale = stale_settings(out, cells, meta["env"])
+    # a study whose --frames changed meaning (the whole swarm's then, each agent's now) plans other cells
+    # than its study.json's command ran: every cell it has is an older run, and its figure keeps their axis
+    as_run = replace(module.STUDY, frames_per_agent=bool(meta.get("frames_per_agent")))
+    replanned = as_run.frames_per_agent != module.STUDY.frames_per_agent
+    stale = list(dict.fromkeys(r["setting"] for r in rows)) if replanned else stale_settings(out, cells, meta["env"])
     if stale:
         lines += [
             "",
             f"**Older runs.** The cells of {'; '.join(stale)} ran under an older agent loop or other settings than "
-            "the command above plans today (A2C's MinAtar rate was 7e-4 before 2026-11-27; "
-            "experiments.common.LOOP_VERSION says what else changed): they are shown as they ran, and running the "
-            "command again replaces them.",
+            "the study plans today (A2C's MinAtar rate was 7e-4 before 2026-11-27; "
+            "experiments.common.LOOP_VERSION says what else changed"
+            + ("; and this study's --frames was the whole swarm's then, each agent's now" if replanned else "")
+            + "): they are shown as they ran, and no verdict is read off them; running the study's command again "
+            "replaces them.",
         ]
     resumed = [f"{r['setting']} seed {r['seed']} ({r['sessions']} sessions)" for r in rows if r.get("sessions", 1) > 1]
     if resumed:
@@ -168,7 +175,7 @@ def study_section(folder: str, results: Path) -> list[str]:
         ]
     if not rows:
         return lines + [""]
-    finish(module.STUDY, out, rows, settings, meta["env"], meta["threshold"])
+    finish(as_run, out, rows, settings, meta["env"], meta["threshold"])
     table = {e["setting"]: e for e in aggregate(rows, settings, METRICS)}
     bounds, bounds_said = score_bounds(meta["env"], rows)
     arms = claims.Arms(out, rows)
@@ -201,7 +208,7 @@ def study_section(folder: str, results: Path) -> list[str]:
         lines += [f"**Note.** {NOTES[folder]}", ""]
     frames_per_agent = bool(meta.get("frames_per_agent"))
     lines += ["**What the data says.**", ""]
-    lines += claims.claim_lines(name, arms, bounds, frames_per_agent, tuple(stale_settings(out, cells, meta["env"])))
+    lines += claims.claim_lines(name, arms, bounds, frames_per_agent, tuple(stale))
     lines += claims.equal_total_lines(name, arms, bounds)
     lines += iqm_lines(arms, settings, bounds, frames_per_agent)
     lines += claims.comparison_lines(name, arms, settings, frames_per_agent)

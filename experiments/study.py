@@ -55,7 +55,8 @@ class Study:
     title: str
     question: str
     build: Callable[[bool, int, list[int]], tuple[list[Cell], list[str]]]
-    """(quick, total frames per cell, seeds) -> (cells, settings in legend order)."""
+    """(quick, --frames, seeds) -> (cells, settings in legend order); --frames is each cell's for the
+    whole swarm, or each agent's where ``frames_per_agent``."""
     real_frames: int
     quick_frames: int = 16_000
     time_split: bool = False

@@ -577,7 +577,7 @@ def metrics_listener(port: int | None, gossips: bool):
         return None
     if not gossips:
         raise click.BadParameter(
-            "serves the broker's stats, and a run of one agent without a topology has no broker",
+            "serves the broker's stats, and a run without gossip (one agent, or --topology none) has no broker",
             param_hint="--metrics-port",
         )
     from .monitor import listen

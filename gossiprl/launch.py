@@ -399,7 +399,7 @@ class Swarm:
         return len(self.summaries) + len(self.failures) >= self.cfg.agents
 
     def start(self, topo, private_dir: str, listener) -> None:
-        """The broker (with ``topo``; none for a lone agent) and, once it serves, the agents."""
+        """The broker (with ``topo``; none for a swarm that does not gossip) and, once it serves, the agents."""
         agent_curve = None
         if topo is not None:
             bind, broker_curve, agent_curve = private_endpoint(Path(private_dir), self.cfg.transport)
@@ -425,10 +425,16 @@ class Swarm:
         reader, writer = self._ctx.Pipe(duplex=False)
         self.reports.add(reader)
         address = self.broker.address if self.broker else None
+        # An agent that gossips and has no checkpoint rejoins from its neighbours' parameters; one that
+        # does not gossip (--topology none) has none to take, and starts afresh beside those that go on:
+        # agents that never wait for each other need not have checkpointed before the same stop.
+        resume = self.resume and (
+            self.broker is not None or (self.run_dir / f"agent-{rank}" / "checkpoint.pt").exists()
+        )
         self.procs[rank] = self._ctx.Process(
             target=_agent_process,
             name=f"agent-{rank}",
-            args=(rank, address, self.cfg, self.agent_cfg, str(self.run_dir), self.resume, self.load, curve)
+            args=(rank, address, self.cfg, self.agent_cfg, str(self.run_dir), resume, self.load, curve)
             + (self.stop.reader, writer, private_dir, dict(os.environ), LauncherStreams()),
         )
         self.procs[rank].start()

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
+from gossiprl.rl import learners
 from gossiprl.rl.learners import LEARNERS
 from gossiprl.rl.models import flatten_parameters, make_model
 from gossiprl.rl.settings import AgentConfig, thread_plan
@@ -503,7 +504,7 @@ class MetricsLog:
         self.tb.close()
 
 
-def changed_on_resume(saved: Mapping, cfg, path: str = "") -> list[str]:
+def changed_on_resume(saved: Mapping, cfg, path: str = "", resolved_cfg=None) -> list[str]:
     """'name=saved (now now)' for each setting a resume must keep that ``cfg`` changes.
 
     The command line refuses such a flag (gossiprl.config.resume_values), but config.json is
@@ -511,7 +512,10 @@ def changed_on_resume(saved: Mapping, cfg, path: str = "") -> list[str]:
     silently. The checkpoint records what the agent learned with, so that is what is checked;
     a field the checkpoint lacks (written by an older gossiprl) is taken as it comes, and so is the
     section of a learner the run does not use (a PPO run's a2c.lr went from 7e-4 to None when
-    MinAtar got its own A2C rate, and never decided anything the run did)."""
+    MinAtar got its own A2C rate, and never decided anything the run did). A value the checkpoint
+    spelt out is kept by today's default where that resolves to it on this env (IMPALA's unroll
+    length was 20 before its default became None, which is still 20 on MinAtar)."""
+    resolved_cfg = learners.resolved(cfg) if resolved_cfg is None and not path else resolved_cfg
     out = []
     for f in fields(cfg):
         value, name = getattr(cfg, f.name), f"{path}{f.name}"
@@ -519,10 +523,12 @@ def changed_on_resume(saved: Mapping, cfg, path: str = "") -> list[str]:
             continue
         if not path and f.name in LEARNERS and f.name != cfg.algo:
             continue
+        now = getattr(resolved_cfg, f.name, value)
         if is_dataclass(value) and isinstance(saved[f.name], Mapping):
-            out += changed_on_resume(saved[f.name], value, f"{name}.")
-        elif saved[f.name] != value:
-            out.append(f"{name}={saved[f.name]!r} (now {value!r})")
+            out += changed_on_resume(saved[f.name], value, f"{name}.", now)
+        elif saved[f.name] != value and saved[f.name] != now:
+            here = f", which is {now!r} here" if now != value else ""
+            out.append(f"{name}={saved[f.name]!r} (now {value!r}{here})")
     return out
 
 

@@ -37,7 +37,11 @@ def test_topology_show_prints_matrix_and_diagnostics(tmp_path):
         (["run", "--topology", "sparse", "--option", "peer=2"], "did you mean 'peers'?"),
         (["run", "--env", "CartPol-v1"], "did you mean 'CartPole-v1'?"),
         (["run", "--env", "ALE/Pogn-v5"], "did you mean 'ALE/Pong-v5'?"),
-        (["run", "--agents", "1", "--metrics-port", "9100"], "a run of one agent without a topology has no broker"),
+        (
+            ["run", "--agents", "1", "--metrics-port", "9100"],
+            "a run without gossip (one agent, or --topology none) has no broker",
+        ),
+        (["run", "--agents", "4", "--topology", "none", "--metrics-port", "9100"], "--topology none) has no broker"),
         (["run", "--agents", "0"], "0 is not in the range"),
         (["run", "--env", "NoSuchEnv-v9"], "NoSuchEnv-v9"),
         (["run", "--topology", "mesh"], "ring, sparse, full"),

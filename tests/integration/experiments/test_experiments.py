@@ -190,31 +190,65 @@ def test_table1_quick_reuses_swarm_vs_ones_cells_and_runs_only_the_async_ring(re
 def test_a_cell_cut_short_goes_on_from_its_checkpoints(tmp_path):
     """A study stopped mid-cell (a machine session's end) loses at most a tenth of the cell: run
     again, it resumes each agent from its last checkpoint and says in the row how many sessions the
-    run took. A run of other settings left under the cell's name is not resumed."""
+    run took, its time split over the frames its last session trained. Stopped after training, while
+    it scored the policies, it trains no more. A run of other settings left under the cell's name,
+    or one stopped before any checkpoint, is not resumed."""
     cell = Cell("ring of 2", 1, 2, 8000, launch.SwarmConfig(agents=2, topology="ring"))
     fingerprint = cell_fingerprint(cell, QUICK_ENV, 2)
     out = tmp_path / "study"
     run_dir = out / "runs" / cell.key
     # the first session, stopped once each agent had trained half its budget (and checkpointed)
-    assert start_session(run_dir, fingerprint, resumable=True) == 1
+    assert start_session(run_dir, fingerprint, resumable=True) == (1, False)
     agent = AgentConfig(env_id=QUICK_ENV, seed=1, device="cpu", log_every=2, checkpoint_every=5)
     launch.run(replace(cell.swarm, total_frames=4000), agent, run_dir, show_progress=False, echo=lambda *a: None)
 
     lines = []
     (row,) = run_study([cell], out, QUICK_ENV, 475.0, 2, echo=lines.append)
     assert row["sessions"] == 2 and row["frames"] == 8000, lines
+    assert row["timed_frames"] == pytest.approx(2000) and row["steps_per_update"] == 80  # its last session: 25 updates
     curve = (out / "curves" / f"{cell.key}.csv").read_text().splitlines()[1:]
     frames = sorted({int(line.split(",")[1]) for line in curve})
-    assert frames[0] <= 2000 and frames[-1] == 4000  # the first session's rows are kept; each agent's 4,000
+    # the first session's rows are kept (it logged every 2 updates, 160 frames; run_cell logs every
+    # update here), and each agent trained its 4,000
+    assert frames[0] == 160 and frames[-1] == 4000
     checkpoint = torch.load(run_dir / "agent-1" / "checkpoint.pt", weights_only=False)
     assert checkpoint["counters"]["frames"] == 4000
 
+    # stopped while it scored the policies: the row is made again from the finished run's summary
+    for path in (out / "cells" / f"{cell.key}.json", out.parent / "_shared" / f"{fingerprint}.json"):
+        path.unlink()
+    (again,) = run_study([cell], out, QUICK_ENV, 475.0, 2, echo=lines.append)
+    assert again["sessions"] == 2 and again["timed_frames"] == pytest.approx(2000)
+    assert again["per_agent_last100"] == row["per_agent_last100"]
+
     # another cell's run under this name: cleared, not resumed
-    assert start_session(run_dir, "another-cell", resumable=True) == 1 and not run_dir.exists()
+    assert start_session(run_dir, "another-cell", resumable=True) == (1, False) and not run_dir.exists()
     # a run stopped before its first checkpoint has nothing to go on from: a fresh first session
     (run_dir / "agent-0").mkdir(parents=True)
     (run_dir / "config.json").write_text("{}")
-    assert start_session(run_dir, "another-cell", resumable=True) == 1 and not run_dir.exists()
+    assert start_session(run_dir, "another-cell", resumable=True) == (1, False) and not run_dir.exists()
+
+
+@pytest.mark.timeout(200)
+def test_agents_without_gossip_resume_each_from_its_own_checkpoint_or_afresh(tmp_path):
+    """Independent agents never wait for each other, so a stop can find one checkpointed and the
+    next not yet: the first goes on, the second starts afresh (it has no neighbours to take
+    parameters from), and neither fails."""
+    control = launch.SwarmConfig(agents=2, topology="none", total_frames=4000)
+    agent = AgentConfig(env_id=QUICK_ENV, seed=1, device="cpu", log_every=5, checkpoint_every=5)
+    run_dir = tmp_path / "run"
+    launch.run(control, agent, run_dir, show_progress=False, echo=lambda *a: None)
+    (run_dir / "agent-1" / "checkpoint.pt").unlink()
+    summary = launch.run(
+        replace(control, total_frames=8000), agent, run_dir, resume=True, show_progress=False, echo=lambda *a: None
+    )
+    assert summary["failed"] == {} and [summary["per_agent"][r]["frames"] for r in (0, 1)] == [4000, 4000]
+    first = [int(line.split(",")[0]) for line in (run_dir / "agent-0" / "metrics.csv").read_text().splitlines()[1:]]
+    fresh = [int(line.split(",")[0]) for line in (run_dir / "agent-1" / "metrics.csv").read_text().splitlines()[1:]]
+    assert first[0] == fresh[0] == 400 and first[-1] == fresh[-1] == 4000
+    went_on, afresh = summary["per_agent"][0], summary["per_agent"][1]
+    assert went_on["run_wall_seconds"] > went_on["wall_seconds"]  # its first session's training counts
+    assert afresh["run_wall_seconds"] == afresh["wall_seconds"]
 
 
 def test_study_help_runs_as_a_script():

@@ -437,3 +437,20 @@ def test_defaults_are_the_papers_on_games_and_smaller_batches_on_control_tasks()
         ImpalaConfig(batch_size=3, queue_size=1, entropy_coef=0.1, n_steps=20), "CartPole-v1"
     )
     assert (given.batch_size, given.queue_size, given.entropy_coef, given.n_steps) == (3, 1, 0.1, 20)
+
+
+def test_a_checkpoint_that_spelt_out_todays_default_resumes_where_the_default_resolves_to_it():
+    """IMPALA's unroll length was 20 everywhere before control tasks got 5: a MinAtar run that recorded
+    20 resumes under today's None (20 there); a CartPole one is refused, naming what would change."""
+    from dataclasses import asdict
+
+    from gossiprl.rl import agent
+    from gossiprl.rl.settings import AgentConfig
+
+    for env_id, changed in (
+        ("MinAtar/Breakout-v1", []),
+        ("CartPole-v1", ["impala.n_steps=20 (now None, which is 5 here)"]),
+    ):
+        saved = asdict(AgentConfig(env_id=env_id, algo="impala"))
+        saved["impala"]["n_steps"] = 20
+        assert agent.changed_on_resume(saved, AgentConfig(env_id=env_id, algo="impala")) == changed
