@@ -113,7 +113,7 @@ def command(study: Study) -> click.Command:
         f"committed results [default: a fresh runs/{study.name}-<time>/, or a temporary dir with --quick].",
     )
     def main(quick, seeds, frames, env_id, eval_episodes, max_agents, max_frames_per_agent, only, out):
-        again = rerun_command(study.name, quick, env_id, frames, seeds, eval_episodes, out)
+        given_env, given_frames, given_out = env_id, frames, out
         env_id = env_id or (QUICK_ENV if quick else REAL_ENV)
         try:
             threshold = env_spec(env_id)
@@ -122,7 +122,11 @@ def command(study: Study) -> click.Command:
         seed_list = [int(s) for s in (seeds or ("1,2" if quick else "1,2,3,4,5")).split(",") if s.strip()]
         frames = frames or (study.quick_frames if quick else study.real_frames)
         out = out or fresh_out(study.name, quick)
-        cells, settings = planned_cells(study, quick, frames, seed_list)
+        planned = plan_seeds(out, study.name, env_id, frames, quick, seed_list)
+        if planned != seed_list:
+            seeds = ",".join(map(str, planned))
+        again = rerun_command(study.name, quick, given_env, given_frames, seeds, eval_episodes, given_out)
+        cells, settings = planned_cells(study, quick, frames, planned)
         if not cells:
             raise click.UsageError(f"{study.name}: nothing to run here ({settings or 'no settings'})")
         unknown = [s for s in only if s not in settings]
@@ -141,7 +145,7 @@ def command(study: Study) -> click.Command:
                     "threshold": threshold,
                     "frames_per_cell": frames,
                     "frames_per_agent": study.frames_per_agent,
-                    "seeds": seed_list,
+                    "seeds": planned,
                     "settings": settings,
                     "quick": quick,
                     "command": again,
@@ -150,16 +154,32 @@ def command(study: Study) -> click.Command:
             )
         )
         click.echo(
-            f"{study.title}: {len(cells)} cells ({len(settings)} settings x {len(seed_list)} seeds), "
+            f"{study.title}: {len(cells)} cells ({len(settings)} settings x {len(planned)} seeds), "
             f"{frames:,} frames each on {env_id} -> {out}"
+            + (f"; seeds {', '.join(map(str, seed_list))} now" if planned != seed_list else "")
         )
-        now = run_now(cells, max_agents, max_frames_per_agent, only)
+        now = run_now([c for c in cells if c.seed in seed_list], max_agents, max_frames_per_agent, only)
         run_study(now, out, env_id, threshold, eval_episodes or default_eval_episodes(quick), echo=click.echo)
         # every planned cell finished so far, this run's or an earlier one's: a window that ran some
         # settings must not trim the tables and the figure to them
         finish(study, out, load_rows(out, cells), settings, env_id, threshold)
 
     return main
+
+
+def plan_seeds(out: Path, name: str, env_id: str, frames: int, quick: bool, seeds: list[int]) -> list[int]:
+    """The seeds the study in ``out`` plans: ``seeds``, after those its study.json planned already
+    for the same study, env, budget and kind of run. --seeds on an existing study is a window, as
+    --only is: it runs those seeds now; it does not trim the plan (a run with --seeds 1,2,3 rewrote
+    a study of 5 seeds to 3, and RESULTS.md dropped the other two from every setting)."""
+    try:
+        earlier = json.loads((Path(out) / "study.json").read_text())
+    except (OSError, ValueError):
+        return seeds
+    same = (earlier.get("study"), earlier.get("env"), earlier.get("frames_per_cell"), earlier.get("quick"))
+    if same != (name, env_id, frames, quick):
+        return seeds
+    return list(dict.fromkeys([*earlier.get("seeds", []), *seeds]))
 
 
 def rerun_command(name: str, quick: bool, env_id, frames, seeds, eval_episodes, out) -> str:

@@ -97,3 +97,20 @@ def test_results_md_names_the_settings_whose_cells_ran_under_other_settings(tmp_
             json.dumps({"fingerprint": fingerprint, "eval_episodes": 10})
         )
     assert make_results.stale_settings(tmp_path, cells, env) == ["ring of 4"]
+
+
+def test_seeds_given_for_an_existing_study_run_now_and_add_to_its_plan(tmp_path):
+    """--seeds on a study dir that plans more is a window: the plan keeps every seed it had (a run
+    with --seeds 1,2,3 had rewritten a 5-seed study's study.json to 3, and RESULTS.md lost seeds 4
+    and 5 of every setting); a dir of another study, env or budget is not extended."""
+    import json
+
+    from experiments.study import plan_seeds
+
+    assert plan_seeds(tmp_path, "learners", "MinAtar/Breakout-v1", 1_000_000, False, [1, 2, 3]) == [1, 2, 3]
+    meta = {"study": "learners", "env": "MinAtar/Breakout-v1", "frames_per_cell": 1_000_000, "quick": False}
+    (tmp_path / "study.json").write_text(json.dumps({**meta, "seeds": [1, 2, 3, 4, 5]}))
+    assert plan_seeds(tmp_path, "learners", "MinAtar/Breakout-v1", 1_000_000, False, [1, 2, 3]) == [1, 2, 3, 4, 5]
+    assert plan_seeds(tmp_path, "learners", "MinAtar/Breakout-v1", 1_000_000, False, [6]) == [1, 2, 3, 4, 5, 6]
+    assert plan_seeds(tmp_path, "learners", "MinAtar/SpaceInvaders-v1", 1_000_000, False, [1]) == [1]
+    assert plan_seeds(tmp_path, "learners", "MinAtar/Breakout-v1", 250_000, False, [1]) == [1]
