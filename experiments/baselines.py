@@ -54,6 +54,7 @@ import csv
 import hashlib
 import json
 import os
+import shlex
 import sys
 import time
 from collections import deque
@@ -64,6 +65,7 @@ import numpy as np
 import torch
 
 from experiments.common import QUICK_ENV, REAL_ENV, _write_json, cell_key, fresh_out, load_rows, write_csv
+from experiments.study import earlier_plan, plan_seeds
 from gossiprl.rl.a2c import ATARI_LR, resolve_defaults
 from gossiprl.rl.envs import env_spec, is_atari
 from gossiprl.rl.models import MinAtarActorCritic
@@ -204,7 +206,7 @@ def fingerprint(algo: str, env_id: str, seed: int, frames: int, hyper: dict) -> 
     help="Results dir; give an existing one to resume it [default: a fresh runs/baselines-<time>/].",
 )
 def main(quick, env_id, frames, seeds, algos, out):
-    env_id = env_id or (QUICK_ENV if quick else REAL_ENV)
+    given_env, env_id = env_id, env_id or (QUICK_ENV if quick else REAL_ENV)
     try:
         env_spec(env_id)
     except ValueError as err:
@@ -217,21 +219,29 @@ def main(quick, env_id, frames, seeds, algos, out):
             f"{algos!r}: give a comma-separated subset of {', '.join(ALGOS)}", param_hint="--algos"
         )
     seed_list = [int(s) for s in (seeds or ("1" if quick else "1,2,3,4,5")).split(",") if s.strip()]
-    frames = frames or (4_000 if quick else 1_000_000)
-    out = out or fresh_out("baselines", quick)
+    given_frames, frames = frames, frames or (4_000 if quick else 1_000_000)
+    given_out, out = out, out or fresh_out("baselines", quick)
+    # --seeds and --algos on an existing dir are a window: they run now, and the plan keeps what it had
+    planned_seeds = plan_seeds(out, "baselines", env_id, frames, quick, seed_list)
+    names = [*earlier_plan(out, "baselines", env_id, frames, quick).get("settings", []), *(ALGOS[a] for a in algo_list)]
+    planned_algos = [a for a in ALGOS if ALGOS[a] in names]
     for folder in (out / "cells", out / "curves"):
         folder.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
+    command = ["python", "-m", "experiments.baselines", *(["--quick"] if quick else [])]
+    for flag, value in (("--env", given_env), ("--frames", given_frames), ("--out", given_out)):
+        command += [flag, str(value)] if value is not None else []
+    command += ["--seeds", ",".join(map(str, planned_seeds)), "--algos", ",".join(planned_algos)]
     _write_json(
         out / "study.json",
         {
             "study": "baselines",
             "env": env_id,
             "frames_per_cell": frames,
-            "seeds": seed_list,
-            "settings": [ALGOS[a] for a in algo_list],
+            "seeds": planned_seeds,
+            "settings": [ALGOS[a] for a in planned_algos],
             "quick": quick,
-            "command": "python -m experiments.baselines " + " ".join(sys.argv[1:]),
+            "command": shlex.join(command),
         },
     )
     click.echo(

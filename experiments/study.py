@@ -172,14 +172,17 @@ def plan_seeds(out: Path, name: str, env_id: str, frames: int, quick: bool, seed
     for the same study, env, budget and kind of run. --seeds on an existing study is a window, as
     --only is: it runs those seeds now; it does not trim the plan (a run with --seeds 1,2,3 rewrote
     a study of 5 seeds to 3, and RESULTS.md dropped the other two from every setting)."""
+    return list(dict.fromkeys([*earlier_plan(out, name, env_id, frames, quick).get("seeds", []), *seeds]))
+
+
+def earlier_plan(out: Path, name: str, env_id: str, frames: int, quick: bool) -> dict:
+    """The study.json in ``out`` where it is of this study, env, budget and kind of run, else {}."""
     try:
         earlier = json.loads((Path(out) / "study.json").read_text())
     except (OSError, ValueError):
-        return seeds
+        return {}
     same = (earlier.get("study"), earlier.get("env"), earlier.get("frames_per_cell"), earlier.get("quick"))
-    if same != (name, env_id, frames, quick):
-        return seeds
-    return list(dict.fromkeys([*earlier.get("seeds", []), *seeds]))
+    return earlier if same == (name, env_id, frames, quick) else {}
 
 
 def rerun_command(name: str, quick: bool, env_id, frames, seeds, eval_episodes, out) -> str:

@@ -90,6 +90,10 @@ def test_quick_runs_both_algorithms_then_resumes(tmp_path):
     stale.write_text(json.dumps({**json.loads(stale.read_text()), "fingerprint": "other-settings"}))
     third = CliRunner().invoke(bl.main, [*args, "--algos", "a2c"], catch_exceptions=False)
     assert "done before" not in third.output and json.loads(stale.read_text())["fingerprint"] != "other-settings"
+    # that run named one algorithm: a window, which leaves the plan (and RESULTS.md's rows) whole
+    plan = json.loads((out / "study.json").read_text())
+    assert plan["settings"] == ["SB3 A2C", "SB3 PPO"] and plan["seeds"] == [1]
+    assert plan["command"] == f"python -m experiments.baselines --quick --out {out} --seeds 1 --algos a2c,ppo"
 
 
 def test_without_out_a_quick_run_writes_a_fresh_temporary_dir():
