@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import click
@@ -660,6 +660,11 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
     threshold = check_env(cfg.env_id)
     if swarm.gossips:
         topology_of(vars(swarm), swarm.agents)
+    unused = swarm.unused_gossip_settings()
+    if unused:
+        flag = {f.name: f.metadata.get("flag", f"--{f.name.replace('_', '-')}") for f in fields(SwarmConfig)}
+        flags = ", ".join(flag[name] for name in unused)
+        click.echo(f"warning: this swarm does not gossip, so it ignores {flags}", err=True)
     swarm = replace(swarm, stop_at_return=stop_target(swarm.stop_at_return, threshold))
     if track:
         try:

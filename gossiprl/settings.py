@@ -133,6 +133,15 @@ class SwarmConfig:
         """Whether the agents exchange parameters (through a broker)."""
         return self.topology not in (None, NO_GOSSIP)
 
+    def unused_gossip_settings(self) -> list[str]:
+        """The gossip settings given other values than their defaults in a swarm that does not gossip,
+        which therefore ignores them (a config file shared by an ablation's arms sets them for all)."""
+        if self.gossips:
+            return []
+        names = (*TOPOLOGY_OPTIONS, "mode", "max_staleness", "codec", "transport", "data_plane", "gossip_timeout")
+        default = SwarmConfig(agents=self.agents, topology=self.topology)
+        return [name for name in names if getattr(self, name) != getattr(default, name)]
+
     def make_topology(self):
         """The swarm's topology (``make_topology``), or None where it does not gossip."""
         if not self.gossips:

@@ -54,3 +54,8 @@ def test_topology_none_is_a_swarm_without_gossip_and_none_alone_is_a_ring():
     default = SwarmConfig(agents=8)
     assert default.gossips and default.topology == "ring" and launch.make_topology(default).n == 8
     assert not SwarmConfig(agents=1).gossips
+    # what a swarm without gossip ignores is named (`gossiprl run` warns), and only what was set
+    assert control.unused_gossip_settings() == []
+    ignoring = SwarmConfig(agents=8, topology=NO_GOSSIP, mode="async", peers=3)
+    assert ignoring.unused_gossip_settings() == ["peers", "mode"]
+    assert SwarmConfig(agents=8, mode="async").unused_gossip_settings() == []
