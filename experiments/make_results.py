@@ -41,6 +41,9 @@ from experiments.figures import reference_figure
 from experiments.study import METRICS, RESULTS, default_eval_episodes, finish, planned_cells
 from experiments.untrained import untrained_score, untrained_text
 
+SECOND_GAME = "MinAtar/SpaceInvaders-v1"
+"""The game a study's ``<study>_spaceinvaders`` dir holds (experiments/run_all.sh runs it)."""
+
 STUDIES = [
     "swarm_learning",
     "swarm_vs_one",
@@ -129,6 +132,12 @@ def study_section(folder: str, results: Path) -> list[str]:
     second game's run of a study has a dir of its own)."""
     out = results / folder
     if not (out / "study.json").exists():
+        name, _, game = folder.partition("_spaceinvaders")
+        if folder.endswith("_spaceinvaders") and not game:
+            study = importlib.import_module(f"experiments.{name}").STUDY
+            command = f"python -m experiments.{name} --env {SECOND_GAME} --out experiments/results/{folder}"
+            title = f"## {study.title}: {SECOND_GAME}"
+            return [title, "", f"**Not run** yet: `{command}` (experiments/run_all.sh).", ""]
         return [f"## {folder}", "", "**Not run**: no results in this checkout.", ""]
     meta = json.loads((out / "study.json").read_text())
     name = meta.get("study", folder)
