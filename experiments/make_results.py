@@ -143,7 +143,17 @@ def study_section(folder: str, results: Path) -> list[str]:
     name = meta.get("study", folder)
     module = importlib.import_module(f"experiments.{name}")
     cells, settings = planned_cells(module.STUDY, meta["quick"], meta["frames_per_cell"], meta["seeds"])
-    rows = load_rows(out, cells)
+    # a study whose --frames changed meaning (the whole swarm's then, each agent's now) plans other cells
+    # than its study.json's command ran: every cell it has is an older run, and its figure keeps their axis
+    as_run = replace(module.STUDY, frames_per_agent=bool(meta.get("frames_per_agent")))
+    replanned = as_run.frames_per_agent != module.STUDY.frames_per_agent
+    older = {c.key for c in cells} if replanned else older_keys(out, cells, meta["env"])
+    # a setting with cells of today's plan shows only those: a rerun replaces older cells seed by seed,
+    # and a mean of both would mix two budgets or loops
+    current = {c.setting for c in cells if c.key not in older and (out / "cells" / f"{c.key}.json").exists()}
+    hidden = [f"{c.setting} seed {c.seed}" for c in cells if c.key in older and c.setting in current]
+    rows = load_rows(out, [c for c in cells if c.key not in older or c.setting not in current])
+    stale = list(dict.fromkeys(r["setting"] for r in rows if cell_key(r["setting"], r["seed"]) in older))
     missing = [f"{c.setting} seed {c.seed}" for c in cells if not (out / "cells" / f"{c.key}.json").exists()]
     title = meta["title"] if folder == name else f"{meta['title']}: {meta['env']}"
     lines = [f"## {title}", "", f"**Question.** {meta['question'][0].upper()}{meta['question'][1:]}", ""]
@@ -159,11 +169,6 @@ def study_section(folder: str, results: Path) -> list[str]:
     ]
     if missing:
         lines += ["", f"**Missing cells** (not finished when this file was generated): {', '.join(missing)}."]
-    # a study whose --frames changed meaning (the whole swarm's then, each agent's now) plans other cells
-    # than its study.json's command ran: every cell it has is an older run, and its figure keeps their axis
-    as_run = replace(module.STUDY, frames_per_agent=bool(meta.get("frames_per_agent")))
-    replanned = as_run.frames_per_agent != module.STUDY.frames_per_agent
-    stale = list(dict.fromkeys(r["setting"] for r in rows)) if replanned else stale_settings(out, cells, meta["env"])
     if stale:
         lines += [
             "",
@@ -174,6 +179,8 @@ def study_section(folder: str, results: Path) -> list[str]:
             + "): they are shown as they ran, and no verdict is read off them; running the study's command again "
             "replaces them.",
         ]
+    if hidden:
+        lines += ["", f"**Left out** beside today's cells of the same setting, as older runs: {', '.join(hidden)}."]
     resumed = [f"{r['setting']} seed {r['seed']} ({r['sessions']} sessions)" for r in rows if r.get("sessions", 1) > 1]
     if resumed:
         lines += [
@@ -251,16 +258,16 @@ def iqm_lines(arms: claims.Arms, settings: list[str], bounds: tuple[float, float
     return lines
 
 
-def stale_settings(out: Path, cells: list, env_id: str) -> list[str]:
-    """The settings with a finished cell whose fingerprint is not the one its planned cell has now."""
-    stale = []
+def older_keys(out: Path, cells: list, env_id: str) -> set[str]:
+    """The finished cells whose fingerprint is not the one their planned cell has now."""
+    older = set()
     for c in cells:
         path = out / "cells" / f"{c.key}.json"
-        if path.exists() and c.setting not in stale:
+        if path.exists():
             row = json.loads(path.read_text())
             if row.get("fingerprint") != cell_fingerprint(c, env_id, row.get("eval_episodes", 10)):
-                stale.append(c.setting)
-    return stale
+                older.add(c.key)
+    return older
 
 
 def across_games_lines(results: Path) -> list[str]:

@@ -96,7 +96,7 @@ def test_results_md_names_the_settings_whose_cells_ran_under_other_settings(tmp_
         (tmp_path / "cells" / f"{cell.key}.json").write_text(
             json.dumps({"fingerprint": fingerprint, "eval_episodes": 10})
         )
-    assert make_results.stale_settings(tmp_path, cells, env) == ["ring of 4"]
+    assert make_results.older_keys(tmp_path, cells, env) == {"ring-of-4__seed1"}
 
 
 def test_seeds_given_for_an_existing_study_run_now_and_add_to_its_plan(tmp_path):
