@@ -393,6 +393,11 @@ def baselines_section(out: Path, results: Path) -> list[str]:
                     (f"gossiprl, {setting} ({swarm.name})", mine, swarm_meta["frames_per_cell"], swarm, read_curves)
                 )
             break
+    learners = results / "learners"  # gossiprl's PPO, beside SB3's (CleanRL's settings both)
+    learners_meta = json.loads((learners / "study.json").read_text()) if (learners / "study.json").exists() else {}
+    if learners_meta.get("env") == env:
+        mine = [r for r in load_rows(learners) if r["setting"] == "PPO, 1 agent"]
+        entries.append((GOSSIPRL_PPO, mine, learners_meta["frames_per_cell"], learners, read_curves))
     lines += [
         "| setting | frames per agent | seeds | IQM of last-100 [95 % bootstrap] | mean ± 95 % t | frames/s |",
         "|---|---|---|---|---|---|",
@@ -435,7 +440,31 @@ def baselines_section(out: Path, results: Path) -> list[str]:
         )
         lines += [f"![SB3 reference on {env}](results/{out.name}/figure.png)", ""]
     lines += reference_lines(meta["settings"], scores, frames_of)
-    return lines
+    return lines + same_algorithm_lines(scores, frames_of)
+
+
+GOSSIPRL_PPO = "gossiprl, PPO, 1 agent (learners)"
+
+
+def same_algorithm_lines(scores: dict[str, np.ndarray], frames: dict[str, int]) -> list[str]:
+    """gossiprl's PPO against SB3's at the same frames and settings (CleanRL's, in both), by P(X > Y)
+    with a 95 % interval: whether one agent of gossiprl's PPO learns as a well-known implementation's does."""
+    if GOSSIPRL_PPO not in scores or "SB3 PPO" not in scores or frames[GOSSIPRL_PPO] != frames["SB3 PPO"]:
+        return []
+    estimate = stats.improvement_interval([scores[GOSSIPRL_PPO]], [scores["SB3 PPO"]])
+    seeds = f"SB3 PPO has {len(scores['SB3 PPO'])}, gossiprl's PPO {len(scores[GOSSIPRL_PPO])}"
+    reading = {
+        "higher": "gossiprl's PPO ends higher",
+        "lower": "gossiprl's PPO ends lower",
+        "cannot tell apart": "this data cannot tell them apart, which does not show them equal",
+    }.get(claims.judge(estimate), f"too few seeds for an interval ({seeds}; {stats.MIN_RUNS} needed)")
+    return [
+        f"- The same algorithm in both: P(gossiprl's PPO > SB3 PPO) = {claims.interval_text(estimate)}, IQM "
+        f"{claims.interval_text(stats.iqm_interval([scores[GOSSIPRL_PPO]]))} against "
+        f"{claims.interval_text(stats.iqm_interval([scores['SB3 PPO']]))} (95 % intervals where the seeds allow "
+        f"one): {reading}.",
+        "",
+    ]
 
 
 REFERENCE_READING = {

@@ -247,3 +247,16 @@ def test_the_sb3_reference_is_read_by_p_with_bonferroni_intervals_not_by_overlap
     assert "(SB3 DQN has 2, gossiprl's one agent 12; 3 needed)" in " ".join(lines)
     assert "- SB3 long ran 5,000,000 frames, gossiprl's one agent 1,000,000: not compared." in lines
     assert not any("overlap" in line and "not read" not in line for line in lines)
+
+
+def test_gossiprls_ppo_is_read_against_sb3s_ppo_at_the_same_frames():
+    seeds = np.arange(5.0, 6.0, 0.2)[:, None]  # 5 seeds
+    frames = {make_results.GOSSIPRL_PPO: 1_000_000, "SB3 PPO": 1_000_000}
+    level = make_results.same_algorithm_lines({make_results.GOSSIPRL_PPO: seeds, "SB3 PPO": seeds}, frames)
+    assert "P(gossiprl's PPO > SB3 PPO) = 0.50 [" in level[0] and "cannot tell them apart" in level[0]
+    ahead = make_results.same_algorithm_lines({make_results.GOSSIPRL_PPO: seeds + 1, "SB3 PPO": seeds}, frames)
+    assert "P(gossiprl's PPO > SB3 PPO) = 1.00 [1.00, 1.00]" in ahead[0] and "gossiprl's PPO ends higher" in ahead[0]
+    one_seed = make_results.same_algorithm_lines({make_results.GOSSIPRL_PPO: seeds, "SB3 PPO": seeds[:1]}, frames)
+    assert "too few seeds for an interval (SB3 PPO has 1, gossiprl's PPO 5; 3 needed)" in one_seed[0]
+    longer = {**frames, "SB3 PPO": 5_000_000}
+    assert make_results.same_algorithm_lines({make_results.GOSSIPRL_PPO: seeds, "SB3 PPO": seeds}, longer) == []
