@@ -322,11 +322,13 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
                 show_progress=False,
                 echo=lambda *a: None,
             )
+            if summary["stopped_by"] == "interrupted":  # Ctrl-C: launch returns what the agents checkpointed
+                raise KeyboardInterrupt
+            if summary["failed"]:
+                raise RuntimeError(f"{cell.setting} seed {cell.seed}: agents failed: {summary['failed']}")
             _write_json(_marker(run_dir), {"fingerprint": fingerprint, "sessions": sessions, "trained": True})
         wall = summary["wall_seconds"]
         summaries = [summary["per_agent"][r] for r in sorted(summary["per_agent"])]
-        if summary["failed"]:
-            raise RuntimeError(f"{cell.setting} seed {cell.seed}: agents failed: {summary['failed']}")
         agent_dirs = [run_dir / f"agent-{r}" for r in range(cell.agents)]
         gossip_share = summary["gossip_share"]
     checkpoints = [d / "checkpoint.pt" for d in agent_dirs]

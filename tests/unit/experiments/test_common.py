@@ -114,3 +114,26 @@ def test_seeds_given_for_an_existing_study_run_now_and_add_to_its_plan(tmp_path)
     assert plan_seeds(tmp_path, "learners", "MinAtar/Breakout-v1", 1_000_000, False, [6]) == [1, 2, 3, 4, 5, 6]
     assert plan_seeds(tmp_path, "learners", "MinAtar/SpaceInvaders-v1", 1_000_000, False, [1]) == [1]
     assert plan_seeds(tmp_path, "learners", "MinAtar/Breakout-v1", 250_000, False, [1]) == [1]
+
+
+def test_a_cell_interrupted_or_failed_writes_no_row_and_stays_resumable(tmp_path, monkeypatch):
+    """Ctrl-C reaches launch.run, which stops the agents (they checkpoint) and returns: the cell must
+    end the study there, not be scored and recorded as if it had trained its frames; a failed one
+    raises. Neither is marked trained, so the next run goes on from the checkpoints."""
+    import json
+
+    import pytest
+
+    from experiments import common
+    from experiments.common import QUICK_ENV, Cell, run_cell
+    from gossiprl.launch import SwarmConfig
+
+    cell = Cell("ring of 2", 1, 2, 8000, SwarmConfig(agents=2, topology="ring"))
+    outcomes = (({"stopped_by": "interrupted", "failed": {}}, KeyboardInterrupt),)
+    outcomes += (({"stopped_by": "total frames", "failed": {1: "boom"}}, RuntimeError),)
+    for summary, error in outcomes:
+        monkeypatch.setattr(common.launch, "run", lambda *a, summary=summary, **k: summary)
+        with pytest.raises(error):
+            run_cell(cell, tmp_path, QUICK_ENV, None, 2, "fp")
+        marker = json.loads((tmp_path / "runs" / f"{cell.key}.cell.json").read_text())
+        assert "trained" not in marker and not (tmp_path / "cells").exists()
