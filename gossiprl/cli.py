@@ -865,11 +865,13 @@ def actor(ctx, **_):
     """One IMPALA actor for a learner on another host (started with --algo impala --actors-bind).
 
     It plays --env with the newest parameters its learner gives it and sends the learner its
-    unrolls, until the learner stops; the learner sets its envs' seed and the unroll's shape."""
+    unrolls, until the learner stops; the learner sets its envs' seed and the unroll's shape.
+    Exit status: 0 when the learner is done, 3 when it dropped this actor (restart it), 1 on an
+    error or a refused join, 128 + N on signal N."""
     where = ACTOR_SETTINGS.build(ActorProcess, ctx.params)
     _check_endpoint(where.connect, "--connect")
     require_rl("actor")
-    from .comms.trajectories import LearnerGone
+    from .comms.trajectories import DROPPED_STATUS, LEARNER_DONE, LearnerGone
     from .rl.actor_processes import run_actor
     from .rl.settings import AgentConfig, host_cores
 
@@ -895,6 +897,8 @@ def actor(ctx, **_):
     click.echo(f"actor done: {unrolls:,} unrolls sent" + (f"; its learner said: {said}" if said else ""))
     if received:
         sys.exit(_interrupted_status(received[0]))
+    if said not in (None, LEARNER_DONE):  # dropped (silent too long, left, its network gone): restart it
+        sys.exit(DROPPED_STATUS)
 
 
 def _check_agent_keys(client: ClientConfig) -> None:

@@ -76,6 +76,13 @@ GONE_KEPT = 1024
 oldest are forgotten past these (their messages then count as bad), so that a peer that joins and
 leaves without end cannot grow the learner's memory."""
 
+LEARNER_DONE = "the learner is done"
+"""STOP's reason when the learner finished training; any other reason means it refused or dropped
+the actor (`gossiprl actor` exits 0 on this one, DROPPED_STATUS on the others)."""
+DROPPED_STATUS = 3
+"""`gossiprl actor`'s exit status when its learner stopped it for any reason but being done, so that a
+supervisor restarts a dropped actor and lets a finished one be."""
+
 FIELDS = {
     JOIN: {"env": str},
     UNROLL: {"index": int, "version": int, "episodes": list, "tensors": list},
@@ -388,7 +395,7 @@ class LearnerEnd:
                 self._grant(now)
                 self._check_silence(now)
             for identity in self._actors:
-                self._send(identity, STOP, {"reason": "the learner is done"})
+                self._send(identity, STOP, {"reason": LEARNER_DONE})
         except zmq.ZMQError as err:  # the socket failed under us: say so where the learner looks
             with self._ready:
                 self.failures.append(f"the actors' socket failed: {err}")

@@ -256,6 +256,21 @@ def test_impala_with_actor_processes_trains_cartpole_end_to_end_with_an_actor_fr
     assert float(rows[-1]["impala/left_total"]) == 0  # the actor from elsewhere stayed until the learner stopped it
 
 
+@pytest.mark.parametrize(
+    "said, status",
+    [("the learner is done", 0), (None, 0), ("this learner dropped actor-0, which left; start the actor again", 3)],
+)
+def test_an_actor_says_by_its_exit_status_whether_its_learner_finished_or_dropped_it(monkeypatch, said, status):
+    """A supervisor restarting `gossiprl actor` must tell a learner that is done (leave it) from one
+    that dropped the actor (start it again): both exited 0."""
+    from gossiprl.rl import actor_processes
+
+    monkeypatch.setattr(actor_processes, "run_actor", lambda *a, **k: (7, said))
+    result = invoke("actor", "--connect", "tcp://127.0.0.1:5999", "--env", "CartPole-v1")
+    assert result.exit_code == status, result.output
+    assert "actor done: 7 unrolls sent" in result.output
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_every_process_and_leaves_checkpoints(tmp_path, sig):
