@@ -549,6 +549,8 @@ class LearnerEnd:
             credits,
             self.left + self.failed,
         )
+        if not self._actors:  # a learner with none of its own (--actors-per-agent 0) now only waits
+            log.warning("no actor left: waiting for the next to join %s", self.endpoint)
 
     def _stop_gone(self, identity: bytes, cmd: str, key: str | None) -> None:
         """Answer a dropped actor that speaks again (its network came back after ``silence_s``) with

@@ -314,12 +314,16 @@ def test_an_actor_from_elsewhere_that_leaves_is_dropped_at_once_and_the_learner_
     assert end.failures == [] and end.bad_messages == 0
 
 
-def test_a_silent_actor_from_elsewhere_is_dropped_rather_than_failing_the_learner(learner, actor_of):
+def test_a_silent_actor_from_elsewhere_is_dropped_rather_than_failing_the_learner(learner, actor_of, caplog):
     """A remote actor whose host or network went away can say nothing: its silence drops it, as a
-    LEAVE would, and the learner takes the next actor that joins."""
+    LEAVE would, and the learner takes the next actor that joins. With no actor left the learner
+    says it waits (it trained on in silence)."""
     end = learner(silence_s=1)
     actor_of(end)  # joins, then says nothing
-    wait_for(lambda: end.left == 1, 10, "the learner did not drop the silent actor", every=0.05)
+    with caplog.at_level(logging.WARNING, logger=tj.log.name):
+        wait_for(lambda: end.left == 1, 10, "the learner did not drop the silent actor", every=0.05)
+        wait_for(lambda: any("no actor left" in r.getMessage() for r in caplog.records), 5, "no word", every=0.05)
+    assert f"waiting for the next to join {end.endpoint}" in caplog.text
     assert end.take(0.1) is None and end.failures == []
     newcomer = actor_of(end)
     assert newcomer.wait_for_credit()
