@@ -700,12 +700,19 @@ class Gossip:
         a fresh initialisation mixed in would set its neighbours back. Returns how many
         letters were averaged (0: nothing usable came, or the client's stop was set while it
         waited: ``params`` are left as they were, and the agent, ending, learns nothing with them).
+        An unreachable broker or neighbours silent past the timeout count as a failed round does, and
+        the agent starts from its own parameters, which its rounds then mix as any agent's: it failed
+        here instead, before it trained at all.
         """
         if self._in_flight is not None:
             raise RuntimeError("adopt() while a gossip round is in flight: call it before the first exchange")
         try:
             msgs = self.client.collect()
         except GossipStopped:  # as in a round: the agent is ending, and nothing is wrong
+            return 0
+        except (BrokerUnavailable, GossipTimeout) as err:
+            self.failures += 1
+            log.warning("rank %d: no neighbour's parameters to start from: %s", self.client.rank, err)
             return 0
         weights = {self.client.rank: 0.0, **{j: 1.0 for j in msgs}}  # mix renormalises over the usable ones
         return mix({self.name: params}, msgs, weights, self.client.rank, check_finite=self.check_finite).peers

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from gossiprl.comms import gossip
-from gossiprl.comms.gossip import DeviationBound, mix
+from gossiprl.comms.client import BrokerUnavailable, GossipTimeout
+from gossiprl.comms.gossip import DeviationBound, Gossip, mix
 
 N = 8192
 ROUNDS = 200
@@ -154,3 +155,20 @@ def test_the_fused_sweep_and_the_measure_first_path_cap_alike(monkeypatch):
     assert list(bounds[0].steps) == pytest.approx(list(bounds[1].steps), rel=1e-3)
     assert bounds[0].trail_sq == pytest.approx(bounds[1].trail_sq, rel=1e-3)
     assert bounds[0].clipped == bounds[1].clipped > 0
+
+
+@pytest.mark.parametrize("error", [BrokerUnavailable("the broker is gone"), GossipTimeout("no letter in 60 s")])
+def test_an_agent_rejoining_without_neighbours_starts_from_its_own_parameters(error):
+    """adopt() for an agent with no checkpoint: neither an unreachable broker nor silent neighbours
+    end it (it failed before it trained at all); it counts the failure and keeps its parameters."""
+
+    class Unreachable:
+        rank = 2
+
+        def collect(self):
+            raise error
+
+    gossip = Gossip(Unreachable())
+    params = np.arange(4, dtype=np.float32)
+    assert gossip.adopt(params) == 0 and gossip.failures == 1
+    assert params.tolist() == [0.0, 1.0, 2.0, 3.0]
