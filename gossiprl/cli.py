@@ -866,12 +866,13 @@ def actor(ctx, **_):
 
     It plays --env with the newest parameters its learner gives it and sends the learner its
     unrolls, until the learner stops; the learner sets its envs' seed and the unroll's shape.
-    Exit status: 0 when the learner is done, 3 when it dropped this actor (restart it), 1 on an
-    error or a refused join, 128 + N on signal N."""
+    Exit status: 0 when the learner ended (done, or itself stopped), 3 when this actor lost its
+    learner after joining it (dropped, or silent past 60 s: start it again to rejoin), 1 on an error
+    or a refused join, 128 + N on signal N."""
     where = ACTOR_SETTINGS.build(ActorProcess, ctx.params)
     _check_endpoint(where.connect, "--connect")
     require_rl("actor")
-    from .comms.trajectories import DROPPED_STATUS, LEARNER_DONE, LearnerGone
+    from .comms.trajectories import DROPPED_STATUS, LEARNER_DONE, LearnerGone, LearnerLost
     from .rl.actor_processes import run_actor
     from .rl.settings import AgentConfig, host_cores
 
@@ -893,11 +894,16 @@ def actor(ctx, **_):
             torch_threads=cfg.torch_threads or 1,
         )
     except (LearnerGone, ValueError, OSError) as err:
+        if received:  # a signal while it joined or waited: the signal's status, as for any stop
+            sys.exit(_interrupted_status(received[0]))
+        if isinstance(err, LearnerLost):
+            click.echo(f"actor lost its learner: {err}", err=True)
+            sys.exit(DROPPED_STATUS)
         raise click.ClickException(str(err)) from None
     click.echo(f"actor done: {unrolls:,} unrolls sent" + (f"; its learner said: {said}" if said else ""))
     if received:
         sys.exit(_interrupted_status(received[0]))
-    if said not in (None, LEARNER_DONE):  # dropped (silent too long, left, its network gone): restart it
+    if said not in (None, LEARNER_DONE):  # dropped, and told so when it spoke again: start it again
         sys.exit(DROPPED_STATUS)
 
 

@@ -77,11 +77,12 @@ oldest are forgotten past these (their messages then count as bad), so that a pe
 leaves without end cannot grow the learner's memory."""
 
 LEARNER_DONE = "the learner is done"
-"""STOP's reason when the learner finished training; any other reason means it refused or dropped
-the actor (`gossiprl actor` exits 0 on this one, DROPPED_STATUS on the others)."""
+"""STOP's reason when the learner ended: its budget spent, or itself stopped (a resumed learner takes
+new actors). Any other STOP after a JOIN was answered means the learner dropped this actor."""
 DROPPED_STATUS = 3
-"""`gossiprl actor`'s exit status when its learner stopped it for any reason but being done, so that a
-supervisor restarts a dropped actor and lets a finished one be."""
+"""`gossiprl actor`'s exit status when it lost its learner after joining (dropped, or the learner
+silent past the actor's patience), so that a supervisor starts it again to rejoin; it exits 0 when
+the learner ended and 1 on an error or a refused JOIN."""
 
 FIELDS = {
     JOIN: {"env": str},
@@ -109,6 +110,11 @@ class ActorFailed(RuntimeError):
 
 class LearnerGone(ConnectionError):
     """The learner stopped answering, or refused this actor."""
+
+
+class LearnerLost(LearnerGone):
+    """The learner fell silent after this actor had joined it: its host or the network went away, or
+    it dropped this actor, which a new start may rejoin."""
 
 
 @dataclass

@@ -34,7 +34,15 @@ import torch
 import zmq
 
 from gossiprl.comms import keys
-from gossiprl.comms.trajectories import ActorEnd, ActorFailed, LearnerEnd, LearnerGone, Trajectory, unroll_specs
+from gossiprl.comms.trajectories import (
+    ActorEnd,
+    ActorFailed,
+    LearnerEnd,
+    LearnerGone,
+    LearnerLost,
+    Trajectory,
+    unroll_specs,
+)
 from gossiprl.rl.actors import unroll_arrays
 from gossiprl.rl.envs import make_env
 from gossiprl.rl.models import flatten_parameters, make_model
@@ -74,6 +82,8 @@ def run_actor(
                 env_id, welcome["num_envs"], welcome["seed"], sticky_actions=sticky_actions, num_threads=env_threads
             )
             return _act(link, envs, welcome, stop), link.stopped
+        except LearnerGone as err:  # after the JOIN was answered: lost, not refused
+            raise LearnerLost(str(err)) from None
         except Exception as err:
             link.fail(f"{type(err).__name__}: {err}")
             raise

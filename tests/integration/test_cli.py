@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from gossiprl.comms import keys
+from gossiprl.comms.trajectories import LearnerGone, LearnerLost
 from helpers import child_pids, free_port, invoke, is_running, start_endless_swarm, wait_for, wait_until_training
 
 
@@ -257,18 +258,30 @@ def test_impala_with_actor_processes_trains_cartpole_end_to_end_with_an_actor_fr
 
 
 @pytest.mark.parametrize(
-    "said, status",
-    [("the learner is done", 0), (None, 0), ("this learner dropped actor-0, which left; start the actor again", 3)],
+    "outcome, status",
+    [
+        ((7, "the learner is done"), 0),
+        ((7, "this learner dropped actor-0, which left; start the actor again"), 3),
+        (LearnerLost("the learner at tcp://127.0.0.1:5999 fell silent for 60 s"), 3),
+        (LearnerGone("the learner at tcp://127.0.0.1:5999 refused this actor: it trains on Pong"), 1),
+    ],
+    ids=["done", "dropped", "lost", "refused"],
 )
-def test_an_actor_says_by_its_exit_status_whether_its_learner_finished_or_dropped_it(monkeypatch, said, status):
-    """A supervisor restarting `gossiprl actor` must tell a learner that is done (leave it) from one
-    that dropped the actor (start it again): both exited 0."""
+def test_an_actor_says_by_its_exit_status_whether_to_start_it_again(monkeypatch, outcome, status):
+    """A supervisor restarting `gossiprl actor` must tell a learner that ended (leave it be) from a
+    learner lost after the actor joined it (start it again) and from an error (look into it): the
+    first two both exited 0, and a lost learner 1, as a refused join does."""
     from gossiprl.rl import actor_processes
 
-    monkeypatch.setattr(actor_processes, "run_actor", lambda *a, **k: (7, said))
+    def run_actor(*_, **__):
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(actor_processes, "run_actor", run_actor)
     result = invoke("actor", "--connect", "tcp://127.0.0.1:5999", "--env", "CartPole-v1")
     assert result.exit_code == status, result.output
-    assert "actor done: 7 unrolls sent" in result.output
+    assert ("actor done: 7 unrolls sent" in result.output) == isinstance(outcome, tuple)
 
 
 @pytest.mark.timeout(120)
