@@ -197,7 +197,12 @@ def fingerprint(algo: str, env_id: str, seed: int, frames: int, hyper: dict) -> 
 @click.option("--quick", is_flag=True, help=f"{QUICK_ENV}, 4,000 frames, seed 1, into a temporary dir: a smoke test.")
 @click.option("--env", "env_id", default=None, help=f"[default: {REAL_ENV}; --quick: {QUICK_ENV}]")
 @click.option("--frames", type=click.IntRange(min=1), default=None, help="Frames per run [default: 1,000,000].")
-@click.option("--seeds", default=None, help="Comma-separated seeds [default: 1,2,3,4,5; --quick: 1].")
+@click.option(
+    "--seeds",
+    default=None,
+    help="Comma-separated seeds [default: 1,2,3,4,5; --quick: 1; in an existing --out, the seeds it plans]. "
+    "Given for an existing --out, they run now and join its plan, which only grows.",
+)
 @click.option("--algos", default=",".join(ALGOS), show_default=True, help="Comma-separated, of a2c, ppo.")
 @click.option(
     "--out",
@@ -218,11 +223,13 @@ def main(quick, env_id, frames, seeds, algos, out):
         raise click.BadParameter(
             f"{algos!r}: give a comma-separated subset of {', '.join(ALGOS)}", param_hint="--algos"
         )
-    seed_list = [int(s) for s in (seeds or ("1" if quick else "1,2,3,4,5")).split(",") if s.strip()]
+    asked = [int(s) for s in (seeds or ("1" if quick else "1,2,3,4,5")).split(",") if s.strip()]
     given_frames, frames = frames, frames or (4_000 if quick else 1_000_000)
     given_out, out = out, out or fresh_out("baselines", quick)
-    # --seeds and --algos on an existing dir are a window: they run now, and the plan keeps what it had
-    planned_seeds = plan_seeds(out, "baselines", env_id, frames, quick, seed_list)
+    # --seeds and --algos on an existing dir are a window: they run now, and the plan keeps what it had;
+    # without --seeds, every seed it plans runs
+    planned_seeds = plan_seeds(out, "baselines", env_id, frames, quick, asked)
+    seed_list = asked if seeds else planned_seeds
     names = [*earlier_plan(out, "baselines", env_id, frames, quick).get("settings", []), *(ALGOS[a] for a in algo_list)]
     planned_algos = [a for a in ALGOS if ALGOS[a] in names]
     for folder in (out / "cells", out / "curves"):

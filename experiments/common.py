@@ -244,6 +244,29 @@ def load_rows(out: Path, cells: list[Cell] | None = None) -> list[dict]:
     return [rows[c.key] for c in cells if c.key in rows]
 
 
+def older_keys(out: Path, cells: list[Cell], env_id: str) -> set[str]:
+    """The finished cells whose fingerprint is not the one their planned cell has now."""
+    older = set()
+    for c in cells:
+        path = Path(out) / "cells" / f"{c.key}.json"
+        if path.exists():
+            row = json.loads(path.read_text())
+            if row.get("fingerprint") != cell_fingerprint(c, env_id, row.get("eval_episodes", 10)):
+                older.add(c.key)
+    return older
+
+
+def shown_rows(out: Path, cells: list[Cell], env_id: str, all_older: bool = False) -> tuple[list[dict], set, list]:
+    """(the rows a study's tables and figure show, the keys of its older cells, the older cells left
+    out). A setting with cells of today's plan shows only those: a rerun replaces older cells seed by
+    seed, and a mean of both would mix two budgets or loops. A setting with none shows its older
+    ones, as they ran. ``all_older``: every cell is older (the study's --frames changed meaning)."""
+    older = {c.key for c in cells} if all_older else older_keys(out, cells, env_id)
+    current = {c.setting for c in cells if c.key not in older and (Path(out) / "cells" / f"{c.key}.json").exists()}
+    hidden = [c for c in cells if c.key in older and c.setting in current]
+    return load_rows(out, [c for c in cells if c.key not in older or c.setting not in current]), older, hidden
+
+
 def steps_per_update(cfg: AgentConfig) -> int:
     """Env steps between two updates of the cell's learner (its envs x steps, times IMPALA's unrolls
     per batch): sets how often a run logs, so every curve has about ``CURVE_ROWS`` points."""
@@ -324,8 +347,9 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
             )
             if summary["stopped_by"] == "interrupted":  # Ctrl-C: launch returns what the agents checkpointed
                 raise KeyboardInterrupt
-            if summary["failed"]:
-                raise RuntimeError(f"{cell.setting} seed {cell.seed}: agents failed: {summary['failed']}")
+        if summary["failed"]:
+            raise RuntimeError(f"{cell.setting} seed {cell.seed}: agents failed: {summary['failed']}")
+        if not trained:
             _write_json(_marker(run_dir), {"fingerprint": fingerprint, "sessions": sessions, "trained": True})
         wall = summary["wall_seconds"]
         summaries = [summary["per_agent"][r] for r in sorted(summary["per_agent"])]

@@ -27,10 +27,10 @@ from experiments.common import (
     aggregate,
     cell_key,
     fresh_out,
-    load_rows,
     read_curves,
     run_study,
     score_bounds,
+    shown_rows,
     swarm_curve,
     write_csv,
 )
@@ -69,7 +69,12 @@ class Study:
 def command(study: Study) -> click.Command:
     @click.command(help=f"{study.title}: {study.question}")
     @click.option("--quick", is_flag=True, help=f"{QUICK_ENV}, tiny budget, 2 seeds: checks the pipeline in ~1 min.")
-    @click.option("--seeds", default=None, help="Comma-separated seeds [default: 1,2,3,4,5; --quick: 1,2].")
+    @click.option(
+        "--seeds",
+        default=None,
+        help="Comma-separated seeds [default: 1,2,3,4,5; --quick: 1,2; in an existing --out, the seeds it "
+        "plans]. Given for an existing --out, they run now and join its plan, which only grows.",
+    )
     @click.option(
         "--frames",
         type=click.IntRange(min=1),
@@ -119,11 +124,12 @@ def command(study: Study) -> click.Command:
             threshold = env_spec(env_id)
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--env") from None
-        seed_list = [int(s) for s in (seeds or ("1,2" if quick else "1,2,3,4,5")).split(",") if s.strip()]
+        asked = [int(s) for s in (seeds or ("1,2" if quick else "1,2,3,4,5")).split(",") if s.strip()]
         frames = frames or (study.quick_frames if quick else study.real_frames)
         out = out or fresh_out(study.name, quick)
-        planned = plan_seeds(out, study.name, env_id, frames, quick, seed_list)
-        if planned != seed_list:
+        planned = plan_seeds(out, study.name, env_id, frames, quick, asked)
+        seed_list = asked if seeds else planned  # no --seeds on a study that exists: go on with all it plans
+        if planned != asked:
             seeds = ",".join(map(str, planned))
         again = rerun_command(study.name, quick, given_env, given_frames, seeds, eval_episodes, given_out)
         cells, settings = planned_cells(study, quick, frames, planned)
@@ -162,7 +168,7 @@ def command(study: Study) -> click.Command:
         run_study(now, out, env_id, threshold, eval_episodes or default_eval_episodes(quick), echo=click.echo)
         # every planned cell finished so far, this run's or an earlier one's: a window that ran some
         # settings must not trim the tables and the figure to them
-        finish(study, out, load_rows(out, cells), settings, env_id, threshold)
+        finish(study, out, shown_rows(out, cells, env_id)[0], settings, env_id, threshold)
 
     return main
 

@@ -700,9 +700,9 @@ class Gossip:
         a fresh initialisation mixed in would set its neighbours back. Returns how many
         letters were averaged (0: nothing usable came, or the client's stop was set while it
         waited: ``params`` are left as they were, and the agent, ending, learns nothing with them).
-        An unreachable broker or neighbours silent past the timeout count as a failed round does, and
-        the agent starts from its own parameters, which its rounds then mix as any agent's: it failed
-        here instead, before it trained at all.
+        An unreachable broker or neighbours silent past the timeout count as a failed round (no
+        back-off: the next round is the agent's first), and the agent starts from its own parameters,
+        which its rounds then mix as any agent's: it failed here instead, before it trained at all.
         """
         if self._in_flight is not None:
             raise RuntimeError("adopt() while a gossip round is in flight: call it before the first exchange")

@@ -555,7 +555,7 @@ class LearnerEnd:
             credits,
             self.left + self.failed,
         )
-        if not self._actors:  # a learner with none of its own (--actors-per-agent 0) now only waits
+        if not self._actors:  # no actor at all (--actors-per-agent 0): the learner can only wait
             log.warning("no actor left: waiting for the next to join %s", self.endpoint)
 
     def _stop_gone(self, identity: bytes, cmd: str, key: str | None) -> None:

@@ -83,8 +83,8 @@ def test_results_md_names_the_settings_whose_cells_ran_under_other_settings(tmp_
     says which settings hold such runs rather than showing them as today's."""
     import json
 
-    from experiments import make_results, swarm_vs_one
-    from experiments.common import cell_fingerprint
+    from experiments import swarm_vs_one
+    from experiments.common import cell_fingerprint, older_keys
 
     env = "MinAtar/Breakout-v1"
     cells, _ = swarm_vs_one.build(False, 1_000_000, [1])
@@ -96,7 +96,7 @@ def test_results_md_names_the_settings_whose_cells_ran_under_other_settings(tmp_
         (tmp_path / "cells" / f"{cell.key}.json").write_text(
             json.dumps({"fingerprint": fingerprint, "eval_episodes": 10})
         )
-    assert make_results.older_keys(tmp_path, cells, env) == {"ring-of-4__seed1"}
+    assert older_keys(tmp_path, cells, env) == {"ring-of-4__seed1"}
 
 
 def test_seeds_given_for_an_existing_study_run_now_and_add_to_its_plan(tmp_path):
@@ -114,6 +114,8 @@ def test_seeds_given_for_an_existing_study_run_now_and_add_to_its_plan(tmp_path)
     assert plan_seeds(tmp_path, "learners", "MinAtar/Breakout-v1", 1_000_000, False, [6]) == [1, 2, 3, 4, 5, 6]
     assert plan_seeds(tmp_path, "learners", "MinAtar/SpaceInvaders-v1", 1_000_000, False, [1]) == [1]
     assert plan_seeds(tmp_path, "learners", "MinAtar/Breakout-v1", 250_000, False, [1]) == [1]
+    assert plan_seeds(tmp_path, "learners", "MinAtar/Breakout-v1", 1_000_000, True, [1]) == [1]  # a --quick run
+    assert plan_seeds(tmp_path, "table1", "MinAtar/Breakout-v1", 1_000_000, False, [1]) == [1]
 
 
 def test_a_cell_interrupted_or_failed_writes_no_row_and_stays_resumable(tmp_path, monkeypatch):
@@ -136,4 +138,29 @@ def test_a_cell_interrupted_or_failed_writes_no_row_and_stays_resumable(tmp_path
         with pytest.raises(error):
             run_cell(cell, tmp_path, QUICK_ENV, None, 2, "fp")
         marker = json.loads((tmp_path / "runs" / f"{cell.key}.cell.json").read_text())
-        assert "trained" not in marker and not (tmp_path / "cells").exists()
+        assert "trained" not in marker
+
+
+def test_a_setting_with_cells_of_todays_plan_shows_only_those(tmp_path):
+    """A rerun replaces a study's older cells seed by seed: a setting with a cell of today's plan
+    leaves its older cells out (a mean of both mixed two budgets); one with none shows its older ones."""
+    import json
+
+    from experiments import swarm_vs_one
+    from experiments.common import cell_fingerprint, shown_rows
+
+    env = "MinAtar/Breakout-v1"
+    cells, _ = swarm_vs_one.build(False, 1_000_000, [1, 2])
+    (tmp_path / "cells").mkdir()
+    for cell in cells:
+        if cell.setting in ("ring of 4", "1 agent"):
+            today = cell.setting == "ring of 4" and cell.seed == 1
+            row = {"setting": cell.setting, "seed": cell.seed, "eval_episodes": 10}
+            row["fingerprint"] = cell_fingerprint(cell, env, 10) if today else "older"
+            (tmp_path / "cells" / f"{cell.key}.json").write_text(json.dumps(row))
+    rows, older, hidden = shown_rows(tmp_path, cells, env)
+    assert [(r["setting"], r["seed"]) for r in rows] == [("1 agent", 1), ("1 agent", 2), ("ring of 4", 1)]
+    assert older == {"1-agent__seed1", "1-agent__seed2", "ring-of-4__seed2"}
+    assert [(c.setting, c.seed) for c in hidden] == [("ring of 4", 2)]
+    rows, older, hidden = shown_rows(tmp_path, cells, env, all_older=True)
+    assert len(rows) == 4 and hidden == []
