@@ -446,25 +446,25 @@ def same_algorithm_lines(scores: dict[str, np.ndarray], frames: dict[str, int]) 
         ]
     estimate = stats.improvement_interval([scores[GOSSIPRL_PPO]], [scores["SB3 PPO"]])
     seeds = f"SB3 PPO has {len(scores['SB3 PPO'])}, gossiprl's PPO {len(scores[GOSSIPRL_PPO])}"
-    reading = {
-        "higher": "gossiprl's PPO ends higher",
-        "lower": "gossiprl's PPO ends lower",
-        "cannot tell apart": "this data cannot tell them apart, which does not show them equal",
-    }.get(claims.judge(estimate), f"too few seeds for an interval ({seeds}; {stats.MIN_RUNS} needed)")
     return [
         f"- The same algorithm in both: P(gossiprl's PPO > SB3 PPO) = {claims.interval_text(estimate)}, IQM "
         f"{claims.interval_text(stats.iqm_interval([scores[GOSSIPRL_PPO]]))} against "
         f"{claims.interval_text(stats.iqm_interval([scores['SB3 PPO']]))} (95 % intervals where the seeds allow "
-        f"one, this comparison's own, outside the Bonferroni set above): {reading}.",
+        f"one, this comparison's own, outside the Bonferroni set above): {reading(estimate, PPO_SUBJECT, seeds)}.",
         "",
     ]
 
 
-REFERENCE_READING = {
-    "higher": "gossiprl's one agent ends higher",
-    "lower": "gossiprl's one agent ends lower",
-    "cannot tell apart": "this data cannot tell them apart, which does not show them equal",
-}
+ONE_SUBJECT, PPO_SUBJECT = "gossiprl's one agent", "gossiprl's PPO"
+
+
+def reading(estimate, subject: str, seeds: str) -> str:
+    """What P(``subject`` > a reference) and its interval say; ``seeds`` names each arm's seeds."""
+    return {
+        "higher": f"{subject} ends higher",
+        "lower": f"{subject} ends lower",
+        "cannot tell apart": "this data cannot tell them apart, which does not show them equal",
+    }.get(claims.judge(estimate), f"too few seeds for an interval ({seeds}; {stats.MIN_RUNS} needed)")
 
 
 def reference_lines(references: list[str], scores: dict[str, np.ndarray], frames: dict[str, int]) -> list[str]:
@@ -485,10 +485,10 @@ def reference_lines(references: list[str], scores: dict[str, np.ndarray], frames
     for setting in same:
         estimate = stats.improvement_interval([scores[one]], [scores[setting]], size=size)
         seeds = f"{setting} has {len(scores[setting])}, gossiprl's one agent {len(scores[one])}"
-        reading = REFERENCE_READING.get(
-            claims.judge(estimate), f"too few seeds for an interval ({seeds}; {stats.MIN_RUNS} needed)"
+        findings.append(
+            f"P(gossiprl's one agent > {setting}) = {claims.interval_text(estimate)}: "
+            f"{reading(estimate, ONE_SUBJECT, seeds)}"
         )
-        findings.append(f"P(gossiprl's one agent > {setting}) = {claims.interval_text(estimate)}: {reading}")
     if not same:
         return ["**What the data says.**", ""] + [f"- {f}." for f in findings] + [""]
     return (

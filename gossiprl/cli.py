@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -662,8 +662,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
         topology_of(vars(swarm), swarm.agents)
     unused = swarm.unused_gossip_settings()
     if unused:
-        flag = {f.name: f.metadata.get("flag", f"--{f.name.replace('_', '-')}") for f in fields(SwarmConfig)}
-        flags = ", ".join(flag[name] for name in unused)
+        flags = ", ".join(RUN_SETTINGS.flags[name].flag for name in unused)
         click.echo(f"warning: this swarm does not gossip, so it ignores {flags}", err=True)
     swarm = replace(swarm, stop_at_return=stop_target(swarm.stop_at_return, threshold))
     if track:
@@ -858,6 +857,12 @@ ACTOR_SETTINGS = config.Settings(
 """An actor's env, and where its learner is: the learner tells it the rest when it joins."""
 
 
+DROPPED_STATUS = 3
+"""`gossiprl actor`'s exit status when it lost its learner after joining (dropped, or the learner
+silent past the actor's patience), so that a supervisor starts it again to rejoin; it exits 0 when
+the learner ended and 1 on an error or a refused JOIN."""
+
+
 @main.command()
 @ACTOR_SETTINGS.options
 @click.pass_context
@@ -872,7 +877,7 @@ def actor(ctx, **_):
     where = ACTOR_SETTINGS.build(ActorProcess, ctx.params)
     _check_endpoint(where.connect, "--connect")
     require_rl("actor")
-    from .comms.trajectories import DROPPED_STATUS, LEARNER_DONE, LearnerGone, LearnerLost
+    from .comms.trajectories import LEARNER_DONE, LearnerGone, LearnerLost
     from .rl.actor_processes import run_actor
     from .rl.settings import AgentConfig, host_cores
 

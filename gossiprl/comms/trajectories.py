@@ -79,10 +79,6 @@ leaves without end cannot grow the learner's memory."""
 LEARNER_DONE = "the learner is done"
 """STOP's reason when the learner ended: its budget spent, or itself stopped (a resumed learner takes
 new actors). Any other STOP after a JOIN was answered means the learner dropped this actor."""
-DROPPED_STATUS = 3
-"""`gossiprl actor`'s exit status when it lost its learner after joining (dropped, or the learner
-silent past the actor's patience), so that a supervisor starts it again to rejoin; it exits 0 when
-the learner ended and 1 on an error or a refused JOIN."""
 
 FIELDS = {
     JOIN: {"env": str},

@@ -27,8 +27,7 @@ import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from gossiprl.rl import learners
-from gossiprl.rl.learners import LEARNERS
+from gossiprl.rl.learners import LEARNERS, resolved
 from gossiprl.rl.models import flatten_parameters, make_model
 from gossiprl.rl.settings import AgentConfig, thread_plan
 
@@ -515,7 +514,7 @@ def changed_on_resume(saved: Mapping, cfg, path: str = "", resolved_cfg=None) ->
     MinAtar got its own A2C rate, and never decided anything the run did). A value the checkpoint
     spelt out is kept by today's default where that resolves to it on this env (IMPALA's unroll
     length was 20 before its default became None, which is still 20 on MinAtar)."""
-    resolved_cfg = learners.resolved(cfg) if resolved_cfg is None and not path else resolved_cfg
+    resolved_cfg = resolved(cfg) if resolved_cfg is None and not path else resolved_cfg
     out = []
     for f in fields(cfg):
         value, name = getattr(cfg, f.name), f"{path}{f.name}"
