@@ -660,7 +660,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
     threshold = check_env(cfg.env_id)
     if swarm.gossips:
         topology_of(vars(swarm), swarm.agents)
-    unused = swarm.unused_gossip_settings()
+    unused = swarm.unused_gossip_settings() + cfg.unused_gossip_settings(swarm.gossips)
     if unused:
         flags = ", ".join(RUN_SETTINGS.flags[name].flag for name in unused)
         click.echo(f"warning: this swarm does not gossip, so it ignores {flags}", err=True)

@@ -316,6 +316,16 @@ class AgentConfig:
         if self.algo == "impala":
             self.impala.check_actors(last_rank)
 
+    def unused_gossip_settings(self, gossips: bool) -> list[str]:
+        """The gossip settings given other values than their defaults where the swarm does not
+        gossip, which therefore ignores them (``SwarmConfig.unused_gossip_settings``' agent half).
+        shared_init is not one: agents that never mix still start from the swarm's one network."""
+        if gossips:
+            return []
+        names = ("gossip_every", "gossip_overlap", "overlap_lr_scale", "aggregate", "deviation_bound")
+        default = AgentConfig()
+        return [name for name in names if getattr(self, name) != getattr(default, name)]
+
 
 def host_cores() -> int:
     """Cores this process may run on (its affinity mask, as taskset or a container's cpuset set it)."""

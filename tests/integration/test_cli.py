@@ -67,6 +67,15 @@ def test_a_misspelt_topology_or_env_gets_no_guess_when_nothing_is_near():
     assert "did you mean" not in invoke("run", "--env", "Nonsense").output
 
 
+def test_a_swarm_without_gossip_names_the_gossip_flags_it_ignores_and_runs(tmp_path):
+    result = invoke(
+        "run", "--agents", 2, "--topology", "none", "--mode", "async", "--gossip-every", 3, "--aggregate", "median",
+        "--total-frames", 400, "--run-dir", tmp_path / "run", "--no-progress", "--stop-at-return", "none",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "warning: this swarm does not gossip, so it ignores --mode, --gossip-every, --aggregate" in result.output
+
+
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
 def test_track_without_wandb_is_refused_before_the_run_starts(tmp_path):
     result = invoke("run", "--agents", 2, "--track", "--run-dir", tmp_path / "run", "--no-progress")

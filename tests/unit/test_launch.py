@@ -59,3 +59,10 @@ def test_topology_none_is_a_swarm_without_gossip_and_none_alone_is_a_ring():
     ignoring = SwarmConfig(agents=8, topology=NO_GOSSIP, mode="async", peers=3)
     assert ignoring.unused_gossip_settings() == ["peers", "mode"]
     assert SwarmConfig(agents=8, mode="async").unused_gossip_settings() == []
+    # and the agents' half: how often and how letters are mixed, where none are
+    from gossiprl.rl.settings import AgentConfig
+
+    mixing = AgentConfig(gossip_every=4, aggregate="median", shared_init=False)
+    assert mixing.unused_gossip_settings(gossips=False) == ["gossip_every", "aggregate"]
+    assert mixing.unused_gossip_settings(gossips=True) == []
+    assert AgentConfig().unused_gossip_settings(gossips=False) == []
