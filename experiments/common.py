@@ -209,7 +209,18 @@ def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
         "runner": cell.runner.__name__ if cell.runner else None,
     }
     what.update(agent=cell.agent, loop=LOOP_VERSION)  # a cell of an older loop is never reused for a newer one
+    if cell.agent.get("algo", "a2c") != "a2c":
+        # PPO's or IMPALA's settings as they resolve for the env: a cell run under another default
+        # (IMPALA's control-task unrolls went from 20 x 2 to 5 x 4) is not this one. A2C's cells
+        # hold A2C's settings above, and keep the fingerprints they had.
+        what["learner"] = asdict(learner_settings(cell, env_id))
     return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def learner_settings(cell: Cell, env_id: str):
+    """The settings the cell's learner trains with on ``env_id``, its env-dependent defaults filled in."""
+    cfg = AgentConfig(env_id=env_id, a2c=cell.a2c, **cell.agent)
+    return LEARNERS[cfg.algo].resolve_defaults(getattr(cfg, cfg.algo), env_id)
 
 
 def a2c_rate(cell: Cell, env_id: str) -> float:
@@ -267,10 +278,9 @@ def shown_rows(out: Path, cells: list[Cell], env_id: str, all_older: bool = Fals
     return load_rows(out, [c for c in cells if c.key not in older or c.setting not in current]), older, hidden
 
 
-def steps_per_update(cfg: AgentConfig) -> int:
-    """Env steps between two updates of the cell's learner (its envs x steps, times IMPALA's unrolls
-    per batch): sets how often a run logs, so every curve has about ``CURVE_ROWS`` points."""
-    hp = LEARNERS[cfg.algo].resolve_defaults(getattr(cfg, cfg.algo), cfg.env_id)
+def steps_per_update(hp) -> int:
+    """Env steps between two updates of a learner of settings ``hp`` (its envs x steps, times
+    IMPALA's unrolls per batch): sets how often a run logs, so every curve has about ``CURVE_ROWS`` points."""
     return hp.num_envs * hp.n_steps * getattr(hp, "batch_size", 1)
 
 
@@ -325,7 +335,8 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         device="cpu",
         **cell.agent,
     )
-    updates = max(1, per_agent // steps_per_update(agent_cfg))
+    hp = learner_settings(cell, env_id)
+    updates = max(1, per_agent // steps_per_update(hp))
     agent_cfg = replace(
         agent_cfg, log_every=max(1, updates // CURVE_ROWS), checkpoint_every=max(1, updates // CHECKPOINTS)
     )
@@ -366,11 +377,11 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         "seed": cell.seed,
         "agents": cell.agents,
         **cell.labels,
-        "n_steps": cell.a2c.n_steps,
-        "num_envs": cell.a2c.num_envs,
+        "n_steps": hp.n_steps,  # the cell's learner's: PPO's 128-step rollouts, IMPALA's 20-step unrolls
+        "num_envs": hp.num_envs,
         "gossip_every": cell.gossip_every,
         "frames": int(sum(s["frames"] for s in summaries)),
-        "steps_per_update": steps_per_update(agent_cfg),
+        "steps_per_update": steps_per_update(hp),
         "timed_frames": float(np.mean([s["fps"] * s["wall_seconds"] for s in summaries])),
         "wall_s": wall,
         "fps": sum(s["frames"] for s in summaries) / wall,

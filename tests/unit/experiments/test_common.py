@@ -59,6 +59,34 @@ def test_a_cell_is_named_by_the_rate_it_runs_at_not_by_the_default():
     assert fingerprint("MinAtar/Breakout-v1", ppo) == fingerprint("MinAtar/Breakout-v1", ppo, lr=ATARI_LR)
 
 
+def test_another_learners_cell_is_named_by_its_learners_settings(monkeypatch):
+    """A PPO or IMPALA cell holds its learner's settings as they resolve for the env, so a cell run
+    under another default (IMPALA's control-task unrolls went from 20 x 2 to 5 x 4) is not reused for
+    today's; and its row's rollout shape is that learner's, not A2C's."""
+    from dataclasses import replace
+
+    from experiments.common import Cell, cell_fingerprint, learner_settings, steps_per_update
+    from gossiprl.launch import SwarmConfig
+    from gossiprl.rl import impala
+
+    cell = Cell("x", 1, 1, 1000, SwarmConfig(agents=1), agent={"algo": "impala"})
+    today = cell_fingerprint(cell, "CartPole-v1", 10)
+    hp = learner_settings(cell, "CartPole-v1")
+    assert (hp.n_steps, hp.batch_size, steps_per_update(hp)) == (5, 4, 5 * 4 * 4)
+    assert steps_per_update(learner_settings(cell, "MinAtar/Breakout-v1")) == 20 * 4 * 8
+    resolve = impala.resolve_defaults
+    monkeypatch.setattr(impala, "resolve_defaults", lambda cfg, env: replace(resolve(cfg, env), n_steps=20))
+    assert cell_fingerprint(cell, "CartPole-v1", 10) != today
+    # A2C's settings are in every fingerprint already, and a change of IMPALA's leaves its cells be
+    a2c = Cell("x", 1, 1, 1000, SwarmConfig(agents=1))
+    monkeypatch.undo()
+    before = cell_fingerprint(a2c, "CartPole-v1", 10)
+    monkeypatch.setattr(impala, "resolve_defaults", lambda cfg, env: replace(resolve(cfg, env), n_steps=20))
+    assert cell_fingerprint(a2c, "CartPole-v1", 10) == before
+    ppo = learner_settings(Cell("x", 1, 1, 1000, SwarmConfig(agents=1), agent={"algo": "ppo"}), "MinAtar/Breakout-v1")
+    assert (ppo.n_steps, ppo.num_envs) == (128, 8)
+
+
 def test_only_an_unknown_setting_is_refused_naming_the_studys_settings(tmp_path):
     from click.testing import CliRunner
 
