@@ -181,10 +181,12 @@ def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None
     )
 
 
-AGENT_PRELOAD = ("gossiprl.launch", "gossiprl.rl.agent")
+AGENT_PRELOAD = ("gossiprl.launch", "gossiprl.rl.agent", "torch._dynamo")
 """What the agents' forkserver imports once: torch and the agent loop, which each agent would
 otherwise import again (about 3 s of CPU an agent on a 2-core VM: a ring of 4 started that much
-slower, and the test suite, which starts a few hundred agents, minutes slower)."""
+slower, and the test suite, which starts a few hundred agents, minutes slower); and torch._dynamo,
+which torch imports when the first optimizer is made (2-3 s of CPU more an agent, which four agents
+starting together on 2 cores paid as some 10 s before their first update)."""
 
 
 def agent_context():

@@ -396,3 +396,30 @@ def test_an_agent_writes_to_the_launchers_stderr_as_it_is_when_the_agent_starts(
         os.dup2(saved, 2)
         os.close(saved)
     assert (tmp_path / "first").read_bytes() == b"first" and (tmp_path / "second").read_bytes() == b"second"
+
+
+def _train_and_report_new_modules(run_dir: str, report) -> None:
+    from gossiprl.rl.agent import train
+    from gossiprl.rl.settings import AgentConfig
+
+    before = set(sys.modules)
+    train(AgentConfig(env_id="CartPole-v1", device="cpu", total_frames=400), run_dir)
+    report.send(sorted(set(sys.modules) - before))
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_from_the_forkserver_imports_next_to_nothing_before_it_trains(tmp_path):
+    """The forkserver imports what every agent needs once (launch.AGENT_PRELOAD). torch imports
+    torch._dynamo, some 800 modules and 2-3 s of CPU, when the first optimizer is made: each agent
+    paid it again, and four starting together on 2 cores waited some 10 s for their first update."""
+    ctx = launch.agent_context()
+    reader, writer = ctx.Pipe(duplex=False)
+    agent = ctx.Process(target=_train_and_report_new_modules, args=(str(tmp_path), writer))
+    agent.start()
+    writer.close()
+    assert reader.poll(90), "the agent sent nothing"
+    imported = reader.recv()
+    agent.join(30)
+    assert agent.exitcode == 0
+    # the env's own module and a few of torch's small ones (the checkpoint's serialisation)
+    assert len(imported) < 50 and not any(m.startswith("torch._dynamo") for m in imported), imported
