@@ -474,9 +474,11 @@ def bench_train(ctx, seconds, agent_counts, quick, json_path, **_):
 
     values = BENCH_TRAIN_SETTINGS.resolve(ctx)
     counts = (2,) if quick else counts_of(agent_counts, 2, "ring sizes", "2,4", "--agents")
-    seconds = 1.0 if quick else seconds
+    seconds, allowances = (1.0, bt.QUICK_ALLOWANCES) if quick else (seconds, bt.STARTUP_ALLOWANCES)
     run_bench(
-        lambda: bt.run(values["env_id"], seconds, counts, values["data_plane"], values["device"], echo=click.echo),
+        lambda: bt.run(
+            values["env_id"], seconds, counts, values["data_plane"], values["device"], click.echo, allowances
+        ),
         values,
         json_path,
     )

@@ -156,6 +156,11 @@ agents did not all reach their steady state in time (a loaded host: spawn, torch
 swarm waiting for its slowest member) runs again with the next allowance rather than report
 start-up as training."""
 
+QUICK_ALLOWANCES = (3.0, 10.0, 30.0, 90.0)
+"""--quick's, for its 1 s rows: agents forked from a server that has imported torch start in a
+second or two on an idle 2-core VM, so the first allowance is short; a row whose agents did not
+start in time runs again with the full allowances."""
+
 
 def swarm_row(swarm, agent_cfg, seconds: float, allowances=STARTUP_ALLOWANCES, exclude=()) -> dict:
     """One real `gossiprl run` cut off after ``seconds`` of training; its steady-state figures, the
@@ -210,8 +215,10 @@ def run(
     data_plane: str = "broker",
     device: str = "cpu",
     echo=print,
+    allowances=STARTUP_ALLOWANCES,
 ) -> dict:
-    """Measure every row (see the module docstring), print the table, return the figures."""
+    """Measure every row (see the module docstring), print the table, return the figures;
+    ``allowances``: the swarm rows' start-up allowances (``swarm_row``)."""
     from ..rl.settings import AgentConfig
     from ..settings import SwarmConfig
 
@@ -229,16 +236,17 @@ def run(
         rows.append({"row": name, "fps": fps, "shares": shares, "steady": steady, **more})
         echo(_format(rows[-1], rows))
 
+    _start_agent_server()
     add("raw vector env, random actions", raw_ceiling(env_id, num_envs, min(seconds, 10.0), threads=1))
     add("minimal A2C loop", **lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
     one = SwarmConfig(agents=1, topology=None)
-    add("one agent, default flags", **swarm_row(one, agent_cfg, seconds))
+    add("one agent, default flags", **swarm_row(one, agent_cfg, seconds, allowances))
     with busy_core() as spinner:
         add("minimal A2C loop, one core busy", **lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
-        add("one agent, one core busy", **swarm_row(one, agent_cfg, seconds, exclude=(spinner,)))
+        add("one agent, one core busy", **swarm_row(one, agent_cfg, seconds, allowances, exclude=(spinner,)))
         every_core = replace(agent_cfg, torch_threads=os.cpu_count() or 1)
         # the collapse this row shows may never reach the steady state: one try
-        old = swarm_row(one, every_core, seconds, STARTUP_ALLOWANCES[:1], exclude=(spinner,))
+        old = swarm_row(one, every_core, seconds, allowances[:1], exclude=(spinner,))
         add("one agent, one core busy, old threads", **old)
     for n in agent_counts:
         add(f"{n} minimal loops side by side", **side_by_side_fps(env_id, seconds, n, num_envs, agent_cfg.a2c.n_steps))
@@ -246,8 +254,19 @@ def run(
             swarm = SwarmConfig(agents=n, topology="ring", mode=mode, data_plane=data_plane)
             cfg = replace(agent_cfg, gossip_overlap=overlap)
             name = f"ring of {n}, {mode}, {'overlapped' if overlap else 'blocking'}"
-            add(name, **swarm_row(swarm, cfg, seconds))
+            add(name, **swarm_row(swarm, cfg, seconds, allowances))
     return {"env": env_id, "cores": os.cpu_count(), "data_plane": data_plane, "seconds": seconds, "rows": rows}
+
+
+def _start_agent_server() -> None:
+    """Start the server agents fork from (``launch.agent_context``), which imports torch first, and
+    wait until it serves: before any row is timed, so the first swarm row's start-up allowance
+    is not spent on it, and no row shares the cores with its imports."""
+    from ..launch import agent_context
+
+    first = agent_context().Process(target=time.sleep, args=(0,))
+    first.start()
+    first.join()
 
 
 def _format(row: dict, rows: list[dict]) -> str:
