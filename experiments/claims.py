@@ -349,8 +349,9 @@ def claim_lines(
 
 
 def updates(row: dict) -> int:
-    """Optimizer steps each agent of a cell took."""
-    return round(row["frames"] / row["agents"] / (row["n_steps"] * row["num_envs"]))
+    """Optimizer steps each agent of a cell took (rows from before ``steps_per_update`` was
+    recorded are A2C's, n_steps x num_envs; IMPALA's update takes a batch of such unrolls)."""
+    return round(row["frames"] / row["agents"] / row.get("steps_per_update", row["n_steps"] * row["num_envs"]))
 
 
 BATCH_GAIN = {

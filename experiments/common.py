@@ -211,8 +211,9 @@ def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
     what.update(agent=cell.agent, loop=LOOP_VERSION)  # a cell of an older loop is never reused for a newer one
     if cell.agent.get("algo", "a2c") != "a2c":
         # PPO's or IMPALA's settings as they resolve for the env: a cell run under another default
-        # (IMPALA's control-task unrolls went from 20 x 2 to 5 x 4) is not this one. A2C's cells
-        # hold A2C's settings above, and keep the fingerprints they had.
+        # (IMPALA's control-task unrolls went from 20 x 2 to 5 x 4) is not this one. A2C's cells keep
+        # the fingerprints they had: A2C's settings above, with its rate resolved but not its other
+        # env-dependent defaults (entropy, reward clipping), whose changes LOOP_VERSION marks.
         what["learner"] = asdict(learner_settings(cell, env_id))
     return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -88,8 +88,9 @@ def side_by_side_fps(env_id: str, seconds: float, n: int, num_envs: int = 16, n_
 
     The ceiling of a swarm of ``n`` on this host: what its cores (and memory) give ``n`` independent
     learners that never talk. A ring's rate over this one is what gossip costs, apart from the host.
-    The loops start as agents do (``launch.agent_context``), so each does not import torch again:
-    spawned, the pair took 26 s to start on a loaded 2-core VM for a 1 s row.
+    The loops start as agents do (``launch.agent_context``): on Linux forked from a server that
+    imported torch, so each does not import it again (spawned, the pair took 26 s to start on a
+    loaded 2-core VM for a 1 s row).
     """
     from ..launch import agent_context
 

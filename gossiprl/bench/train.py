@@ -159,7 +159,8 @@ start-up as training."""
 QUICK_ALLOWANCES = (3.0, 10.0, 30.0, 90.0)
 """--quick's, for its 1 s rows: agents forked from a server that has imported torch start in a
 second or two on an idle 2-core VM, so the first allowance is short; a row whose agents did not
-start in time runs again with the full allowances."""
+start in time runs again with the full allowances (but the old-threads row, which may never warm
+up, has its one try: a smoke run then reports its rate over the whole run, as it says)."""
 
 
 def swarm_row(swarm, agent_cfg, seconds: float, allowances=STARTUP_ALLOWANCES, exclude=()) -> dict:
@@ -259,14 +260,19 @@ def run(
 
 
 def _start_agent_server() -> None:
-    """Start the server agents fork from (``launch.agent_context``), which imports torch first, and
-    wait until it serves: before any row is timed, so the first swarm row's start-up allowance
-    is not spent on it, and no row shares the cores with its imports."""
+    """On Linux, start the forkserver agents fork from (``launch.agent_context``), which imports
+    torch first, and wait until it serves: before any row is timed, so the first swarm row's
+    start-up allowance is not spent on it, and no row shares the cores with its imports. Elsewhere
+    agents are spawned, each importing for itself, and there is nothing to start."""
     from ..launch import agent_context
 
+    if not sys.platform.startswith("linux"):
+        return
     first = agent_context().Process(target=time.sleep, args=(0,))
     first.start()
     first.join()
+    if first.exitcode != 0:
+        raise RuntimeError(f"the agents' forkserver could not start a process (exit code {first.exitcode})")
 
 
 def _format(row: dict, rows: list[dict]) -> str:

@@ -12,6 +12,7 @@ saying so.
 """
 
 import csv
+import json
 import os
 import re
 import shutil
@@ -398,7 +399,11 @@ def test_an_agent_writes_to_the_launchers_stderr_as_it_is_when_the_agent_starts(
     assert (tmp_path / "first").read_bytes() == b"first" and (tmp_path / "second").read_bytes() == b"second"
 
 
-def _train_and_report_new_modules(run_dir: str, report) -> None:
+NEW_MODULES = """
+import json, sys
+from gossiprl import launch
+
+def train_and_report(run_dir, report):
     from gossiprl.rl.agent import train
     from gossiprl.rl.settings import AgentConfig
 
@@ -406,20 +411,31 @@ def _train_and_report_new_modules(run_dir: str, report) -> None:
     train(AgentConfig(env_id="CartPole-v1", device="cpu", total_frames=400), run_dir)
     report.send(sorted(set(sys.modules) - before))
 
+if __name__ == "__main__":
+    ctx = launch.agent_context()
+    reader, writer = ctx.Pipe(duplex=False)
+    agent = ctx.Process(target=train_and_report, args=(sys.argv[1], writer))
+    agent.start()
+    writer.close()
+    print(json.dumps(reader.recv()))
+    agent.join(30)
+    sys.exit(agent.exitcode)
+"""
+
 
 @pytest.mark.timeout(120)
 def test_an_agent_from_the_forkserver_imports_next_to_nothing_before_it_trains(tmp_path):
     """The forkserver imports what every agent needs once (launch.AGENT_PRELOAD). torch imports
     torch._dynamo, some 800 modules and 2-3 s of CPU, when the first optimizer is made: each agent
-    paid it again, and four starting together on 2 cores waited some 10 s for their first update."""
-    ctx = launch.agent_context()
-    reader, writer = ctx.Pipe(duplex=False)
-    agent = ctx.Process(target=_train_and_report_new_modules, args=(str(tmp_path), writer))
-    agent.start()
-    writer.close()
-    assert reader.poll(90), "the agent sent nothing"
-    imported = reader.recv()
-    agent.join(30)
-    assert agent.exitcode == 0
+    paid it again, and four starting together on 2 cores waited some 10 s for their first update.
+    In a fresh interpreter: a process has one forkserver, and whichever context starts it first
+    (IMPALA's actor_context, in a test run) sets what it imports."""
+    script = tmp_path / "new_modules.py"
+    script.write_text(NEW_MODULES)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True, timeout=100, cwd=REPO_ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    imported = json.loads(done.stdout.strip().splitlines()[-1])
     # the env's own module and a few of torch's small ones (the checkpoint's serialisation)
     assert len(imported) < 50 and not any(m.startswith("torch._dynamo") for m in imported), imported

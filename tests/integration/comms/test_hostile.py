@@ -202,6 +202,7 @@ def test_a_registered_peer_that_stops_reading_is_treated_as_gone(limit, why, cap
         stop.set()
         if t.is_alive():  # closing a socket while the thread polls it crashed the whole test run (SIGSEGV)
             t.join(10)
+            assert not t.is_alive(), "the honest agent's exchange outlived its 0.5 s timeout"
         vandal.close(linger=0)
         a.close()
         assert close_broker(broker)

@@ -77,7 +77,7 @@ def test_another_learners_cell_is_named_by_its_learners_settings(monkeypatch):
     resolve = impala.resolve_defaults
     monkeypatch.setattr(impala, "resolve_defaults", lambda cfg, env: replace(resolve(cfg, env), n_steps=20))
     assert cell_fingerprint(cell, "CartPole-v1", 10) != today
-    # A2C's settings are in every fingerprint already, and a change of IMPALA's leaves its cells be
+    # A2C's cells keep their fingerprints (LOOP_VERSION marks A2C's changes), whatever IMPALA's defaults
     a2c = Cell("x", 1, 1, 1000, SwarmConfig(agents=1))
     monkeypatch.undo()
     before = cell_fingerprint(a2c, "CartPole-v1", 10)
