@@ -662,9 +662,16 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
     threshold = check_env(cfg.env_id)
     if swarm.gossips:
         topology_of(vars(swarm), swarm.agents)
-    unused = swarm.unused_gossip_settings() + cfg.unused_gossip_settings(swarm.gossips)
+    unused = [(swarm, name) for name in swarm.unused_gossip_settings()]
+    unused += [(cfg, name) for name in cfg.unused_gossip_settings(swarm.gossips)]
     if unused:
-        flags = ", ".join(RUN_SETTINGS.flags[name].flag for name in unused)
+        # as it was given: a switch turned off is its --no- form
+        flags = ", ".join(
+            "--no-" + RUN_SETTINGS.flags[name].flag[2:]
+            if getattr(owner, name) is False
+            else RUN_SETTINGS.flags[name].flag
+            for owner, name in unused
+        )
         click.echo(f"warning: this swarm does not gossip, so it ignores {flags}", err=True)
     swarm = replace(swarm, stop_at_return=stop_target(swarm.stop_at_return, threshold))
     if track:

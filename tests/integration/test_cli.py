@@ -70,10 +70,14 @@ def test_a_misspelt_topology_or_env_gets_no_guess_when_nothing_is_near():
 def test_a_swarm_without_gossip_names_the_gossip_flags_it_ignores_and_runs(tmp_path):
     result = invoke(
         "run", "--agents", 2, "--topology", "none", "--mode", "async", "--gossip-every", 3, "--aggregate", "median",
-        "--total-frames", 400, "--run-dir", tmp_path / "run", "--no-progress", "--stop-at-return", "none",
+        "--no-overlap-lr-scale", "--total-frames", 400, "--run-dir", tmp_path / "run", "--no-progress",
+        "--stop-at-return", "none",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "warning: this swarm does not gossip, so it ignores --mode, --gossip-every, --aggregate" in result.output
+    assert (
+        "warning: this swarm does not gossip, so it ignores --mode, --gossip-every, --no-overlap-lr-scale, --aggregate"
+        in result.output
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
