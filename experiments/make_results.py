@@ -7,7 +7,8 @@ setup, the untrained policy's score, the table, the figure and what the data say
 claim judged on its own axis by the interval estimates of experiments/stats.py, as
 experiments/claims.py says. PALA's Table 1 (experiments/table1) gets one table of every arm beside
 Stable-Baselines3 and the published figure, its cells read from the shared cell cache where
-another study ran them, so the arms that study shares show before the table is run.
+another study ran them, so the arms that study shares show before the table is run; and P(X > Y)
+for each gossiping A2C against one agent and for GALA's ordering against PALA's.
 
     python -m experiments.make_results [--results experiments/results] [--output experiments/RESULTS.md]
 """
@@ -577,16 +578,54 @@ def table1_section(results: Path) -> list[str]:
         "seed, whole seeds resampled for the interval (none with fewer than "
         f"{stats.MIN_RUNS} seeds), cut to the score's range, {bounds_said}. The untrained row is the initial "
         "network played as final policies are (experiments/untrained.py). These intervals are each arm's own; "
-        "whether two overlap is not a comparison (the swarm_vs_one and learners sections compare arms by P(X > Y)). "
+        "whether two overlap is not a comparison (below, and the swarm_vs_one and learners sections, compare arms by "
+        "P(X > Y)). "
         "Rates: gossiprl's A2C rows run at its default for the env (1.4e-3 on MinAtar, 7e-4 elsewhere), SB3's A2C "
         "at 7e-4; the reference section compares SB3's A2C with gossiprl's one agent at 7e-4.",
         "",
     ]
     if any(at == frames for _, at, _, _ in PUBLISHED.get(env, [])):
         lines += [f"**Published.** {MINATAR_PAPER}; its AC(λ) is an online actor-critic, not A2C.", ""]
+    lines += table1_comparisons(rows)
     if missing:
         lines += [f"**Missing cells**: {'; '.join(missing)}. They run with `{command}` (finished cells are kept).", ""]
     return lines
+
+
+TABLE1_PAIRS = (
+    (table1.PALA, table1.ONE),
+    (table1.GALA, table1.ONE),
+    (table1.GALA, table1.PALA),
+)
+"""(X, Y) for P(X > Y) in Table 1's section: each gossiping A2C against one agent, the papers' claim
+at equal frames per agent, and GALA's ordering against PALA's, which no other section compares at
+this budget."""
+
+
+def table1_comparisons(rows: list[dict]) -> list[str]:
+    """P(X > Y) at equal frames per agent for ``TABLE1_PAIRS`` whose arms both have cells, with
+    Bonferroni's intervals over the pairs read together, as experiments/claims.py reads them."""
+    scores = {}
+    for setting in {s for pair in TABLE1_PAIRS for s in pair}:
+        mine = [r["per_agent_last100"] for r in rows if r["setting"] == setting]
+        if mine:
+            scores[setting] = np.array(mine, dtype=float)
+    pairs = [(x, y) for x, y in TABLE1_PAIRS if x in scores and y in scores]
+    if not pairs:
+        return []
+    size = stats.bonferroni(len(pairs))
+    findings = []
+    for x, y in pairs:
+        estimate = stats.improvement_interval([scores[x]], [scores[y]], size=size)
+        seeds = f"{x} has {len(scores[x])}, {y} {len(scores[y])}"
+        findings.append(f"- P({x} > {y}) = {claims.interval_text(estimate)}: {reading(estimate, x, seeds)}.")
+    return [
+        "**What the data says.** At equal frames per agent, by the probability of improvement (the chance an "
+        f"agent of X ends above one of Y) with {claims.size_text(size, len(pairs))}:",
+        "",
+        *findings,
+        "",
+    ]
 
 
 def reference_rows(results: Path, env: str, frames: int) -> list[tuple[str, list[dict]]]:

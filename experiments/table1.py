@@ -35,10 +35,11 @@ from experiments import learners, swarm_vs_one
 from experiments.common import Cell
 from experiments.study import Study, command
 
+ONE = "A2C, 1 agent"
 GALA = "GALA-A2C, async ring of 4"
 PALA = "PALA-A2C, sync ring of 4"
 SOURCES = {
-    "A2C, 1 agent": (swarm_vs_one, "1 agent"),
+    ONE: (swarm_vs_one, "1 agent"),
     PALA: (swarm_vs_one, "ring of 4"),
     GALA: (swarm_vs_one, "ring of 4"),
     "PPO, 1 agent": (learners, "PPO, 1 agent"),

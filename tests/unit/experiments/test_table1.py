@@ -83,3 +83,24 @@ def test_table1_section_reads_cells_from_the_shared_cache_and_names_the_missing_
 def test_table1_section_with_no_cell_anywhere_says_not_run_and_how_to_run_it(tmp_path):
     text = "\n".join(make_results.table1_section(tmp_path))
     assert "**Not run**" in text and f"`{table1.COMMAND}` runs it" in text and "| not run |" not in text
+
+
+def test_table1_compares_each_gossiping_arm_with_one_agent_and_gala_with_pala():
+    """By P(X > Y) at equal frames per agent, Bonferroni over the pairs it can read; an arm with too
+    few seeds gets no interval, and a pair with an arm not run is left out."""
+
+    def rows(setting, agents, scores):
+        return [{"setting": setting, "seed": s, "per_agent_last100": [x] * agents} for s, x in enumerate(scores, 1)]
+
+    one = rows(table1.ONE, 1, [5.0, 5.5, 6.0, 6.5, 7.0])
+    gala = rows(table1.GALA, 4, [9.0, 9.5, 10.0, 10.5, 11.0])
+    pala = rows(table1.PALA, 4, [5.2, 5.7, 6.2, 6.7, 7.2])
+    text = "\n".join(make_results.table1_comparisons(one + gala + pala))
+    assert "98.33 % intervals (Bonferroni: 95 % over 3 comparisons)" in text
+    assert f"P({table1.GALA} > {table1.ONE}) = 1.00 [1.00, 1.00]: {table1.GALA} ends higher" in text
+    assert f"P({table1.GALA} > {table1.PALA}) = 1.00 [1.00, 1.00]: {table1.GALA} ends higher" in text
+    assert f"P({table1.PALA} > {table1.ONE}) = 0.60" in text and "cannot tell them apart" in text
+    two = "\n".join(make_results.table1_comparisons(one + gala[:2]))
+    assert "95 % intervals:" in two and table1.PALA not in two
+    assert f"P({table1.GALA} > {table1.ONE}) = 1.00: too few seeds for an interval" in two
+    assert make_results.table1_comparisons(one) == []
