@@ -539,8 +539,9 @@ def table1_section(results: Path) -> list[str]:
     bounds, bounds_said = score_bounds(env, rows + [r for _, mine in references for r in mine])
     lines += [
         f"**Setup.** `{command}` — {env}, {frames:,} frames for each agent (a ring of 4 trains 4x as many in all); "
-        f"{len(rows)} of {len(cells)} cells finished, {from_cache} of them read from the shared cell cache (the same "
-        "configuration and seed run by swarm_vs_one or learners, which this study reuses rather than runs again). "
+        f"{len(rows)} of {len(cells)} cells finished; {sum(r['setting'] != table1.GALA for r in rows)} of them are "
+        "the runs of swarm_vs_one or learners of the same configuration and seed, which this study reuses rather "
+        f"than runs again ({from_cache} read from the shared cell cache, not yet copied into the study's directory). "
         "PALA-A2C is `gossiprl run`'s ring (turn locks, blocking gossip); GALA-A2C is the same ring in async mode "
         "(GALA's gossip buffer: skip an unread slot, mix what is there, unbounded staleness); why: "
         "experiments/table1.py.",
