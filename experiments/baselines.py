@@ -64,8 +64,8 @@ import click
 import numpy as np
 import torch
 
-from experiments.common import QUICK_ENV, REAL_ENV, _write_json, cell_key, fresh_out, load_rows, write_csv
-from experiments.study import earlier_plan, plan_seeds
+from experiments.common import QUICK_ENV, REAL_ENV, _write_json, cell_key, fresh_out, load_rows, parse_seeds, write_csv
+from experiments.study import earlier_plan, window_seeds
 from gossiprl.rl.a2c import ATARI_LR, resolve_defaults
 from gossiprl.rl.envs import env_spec, is_atari
 from gossiprl.rl.models import MinAtarActorCritic
@@ -223,13 +223,11 @@ def main(quick, env_id, frames, seeds, algos, out):
         raise click.BadParameter(
             f"{algos!r}: give a comma-separated subset of {', '.join(ALGOS)}", param_hint="--algos"
         )
-    asked = [int(s) for s in (seeds or ("1" if quick else "1,2,3,4,5")).split(",") if s.strip()]
+    asked = parse_seeds(seeds, "1" if quick else "1,2,3,4,5")
     given_frames, frames = frames, frames or (4_000 if quick else 1_000_000)
     given_out, out = out, out or fresh_out("baselines", quick)
-    # --seeds and --algos on an existing dir are a window: they run now, and the plan keeps what it had;
-    # without --seeds, every seed it plans runs
-    planned_seeds = plan_seeds(out, "baselines", env_id, frames, quick, asked)
-    seed_list = asked if seeds else planned_seeds
+    # --algos on an existing dir is a window as --seeds is: it runs now, and the plan keeps what it had
+    planned_seeds, seed_list = window_seeds(out, "baselines", env_id, frames, quick, asked, given=seeds is not None)
     names = [*earlier_plan(out, "baselines", env_id, frames, quick).get("settings", []), *(ALGOS[a] for a in algo_list)]
     planned_algos = [a for a in ALGOS if ALGOS[a] in names]
     for folder in (out / "cells", out / "curves"):

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import click
 import numpy as np
 
 from gossiprl import launch
@@ -121,6 +122,19 @@ def fresh_out(name: str, quick: bool) -> Path:
     if quick:
         return Path(tempfile.mkdtemp(prefix=f"{name}-quick-")) / name
     return Path(__file__).resolve().parent.parent / "runs" / time.strftime(f"{name}-%Y%m%d-%H%M%S")
+
+
+def parse_seeds(given: str | None, default: str = "1,2,3,4,5") -> list[int]:
+    """--seeds as a list (``default`` when not given), or a one-line error that says what is valid."""
+    try:
+        seeds = [int(s) for s in (given or default).split(",") if s.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"{given!r}: give comma-separated whole numbers, e.g. 1,2,3", param_hint="--seeds"
+        ) from None
+    if not seeds:
+        raise click.BadParameter(f"{given!r}: give at least one seed, e.g. 1,2,3", param_hint="--seeds")
+    return seeds
 
 
 def cell_key(setting: str, seed: int) -> str:

@@ -477,19 +477,12 @@ def reference_lines(references: list[str], scores: dict[str, np.ndarray], frames
     if one is None or not present:
         return []
     same = [s for s in present if frames[s] == frames[one]]
-    size = stats.bonferroni(max(len(same), 1))
+    size, compared = improvements([(one, s) for s in same], scores, {one: ONE_SUBJECT})
     findings = [
         f"{s} ran {frames[s]:,} frames, gossiprl's one agent {frames[one]:,}: not compared"
         for s in present
         if s not in same
-    ]
-    for setting in same:
-        estimate = stats.improvement_interval([scores[one]], [scores[setting]], size=size)
-        seeds = f"{setting} has {len(scores[setting])}, gossiprl's one agent {len(scores[one])}"
-        findings.append(
-            f"P(gossiprl's one agent > {setting}) = {claims.interval_text(estimate)}: "
-            f"{reading(estimate, ONE_SUBJECT, seeds)}"
-        )
+    ] + compared
     if not same:
         return ["**What the data says.**", ""] + [f"- {f}." for f in findings] + [""]
     return (
@@ -614,19 +607,28 @@ def table1_comparisons(rows: list[dict]) -> list[str]:
     pairs = [(x, y) for x, y in TABLE1_PAIRS if x in scores and y in scores]
     if not pairs:
         return []
-    size = stats.bonferroni(len(pairs))
-    findings = []
-    for x, y in pairs:
-        estimate = stats.improvement_interval([scores[x]], [scores[y]], size=size)
-        seeds = f"{x} has {len(scores[x])}, {y} {len(scores[y])}"
-        findings.append(f"- P({x} > {y}) = {claims.interval_text(estimate)}: {reading(estimate, x, seeds)}.")
+    size, findings = improvements(pairs, scores)
     return [
         "**What the data says.** At equal frames per agent, by the probability of improvement (the chance an "
         f"agent of X ends above one of Y) with {claims.size_text(size, len(pairs))}:",
         "",
-        *findings,
+        *(f"- {f}." for f in findings),
         "",
     ]
+
+
+def improvements(pairs: list[tuple[str, str]], scores: dict[str, np.ndarray], names=None) -> tuple[float, list[str]]:
+    """P(X > Y) for each pair, read together: its intervals' size, Bonferroni-corrected over the
+    pairs (as experiments/claims.py judges), and for each pair what its interval says. ``names``
+    renames an X in the text."""
+    size = stats.bonferroni(max(len(pairs), 1))
+    findings = []
+    for x, y in pairs:
+        estimate = stats.improvement_interval([scores[x]], [scores[y]], size=size)
+        subject = (names or {}).get(x, x)
+        seeds = f"{subject} has {len(scores[x])}, {y} {len(scores[y])}"
+        findings.append(f"P({subject} > {y}) = {claims.interval_text(estimate)}: {reading(estimate, subject, seeds)}")
+    return size, findings
 
 
 def reference_rows(results: Path, env: str, frames: int) -> list[tuple[str, list[dict]]]:

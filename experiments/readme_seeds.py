@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from experiments.common import fresh_out, write_csv
+from experiments.common import fresh_out, parse_seeds, write_csv
 from gossiprl.rl.consensus import evaluate_consensus
 
 THRESHOLD = 475.0
@@ -42,10 +42,11 @@ THRESHOLD = 475.0
     "committed results [default: a fresh runs/readme_seeds-<time>/].",
 )
 def main(seeds, total_frames, eval_episodes, out):
+    seed_list = parse_seeds(seeds)
     out = out or fresh_out("readme_seeds", quick=False)
     (out / "cells").mkdir(parents=True, exist_ok=True)
     rows = []
-    for seed in [int(s) for s in seeds.split(",")]:
+    for seed in seed_list:
         row_path = out / "cells" / f"seed{seed}.json"
         if not row_path.exists():
             run_dir = out / "runs" / f"seed{seed}"

@@ -27,6 +27,7 @@ from experiments.common import (
     aggregate,
     cell_key,
     fresh_out,
+    parse_seeds,
     read_curves,
     run_study,
     score_bounds,
@@ -124,11 +125,10 @@ def command(study: Study) -> click.Command:
             threshold = env_spec(env_id)
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--env") from None
-        asked = [int(s) for s in (seeds or ("1,2" if quick else "1,2,3,4,5")).split(",") if s.strip()]
+        asked = parse_seeds(seeds, "1,2" if quick else "1,2,3,4,5")
         frames = frames or (study.quick_frames if quick else study.real_frames)
         out = out or fresh_out(study.name, quick)
-        planned = plan_seeds(out, study.name, env_id, frames, quick, asked)
-        seed_list = asked if seeds else planned  # no --seeds on a study that exists: go on with all it plans
+        planned, seed_list = window_seeds(out, study.name, env_id, frames, quick, asked, given=seeds is not None)
         if planned != asked:
             seeds = ",".join(map(str, planned))
         again = rerun_command(study.name, quick, given_env, given_frames, seeds, eval_episodes, given_out)
@@ -171,6 +171,16 @@ def command(study: Study) -> click.Command:
         finish(study, out, shown_rows(out, cells, env_id)[0], settings, env_id, threshold)
 
     return main
+
+
+def window_seeds(
+    out: Path, name: str, env_id: str, frames: int, quick: bool, asked: list[int], given: bool
+) -> tuple[list[int], list[int]]:
+    """(the seeds the study in ``out`` plans, the seeds to run now) for the seeds ``asked``: seeds
+    ``given`` with --seeds run now and join the plan; without --seeds, every planned seed runs (an
+    existing study goes on with all it plans)."""
+    planned = plan_seeds(out, name, env_id, frames, quick, asked)
+    return planned, (asked if given else planned)
 
 
 def plan_seeds(out: Path, name: str, env_id: str, frames: int, quick: bool, seeds: list[int]) -> list[int]:

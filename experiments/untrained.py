@@ -23,7 +23,7 @@ import click
 import numpy as np
 import torch
 
-from experiments.common import QUICK_ENV, REAL_ENV, fresh_out
+from experiments.common import QUICK_ENV, REAL_ENV, fresh_out, parse_seeds
 from gossiprl.rl.envs import make_env
 from gossiprl.rl.evaluate import _play, _step_cap
 from gossiprl.rl.models import make_model
@@ -95,7 +95,7 @@ def untrained_text(env_id: str) -> str:
     "[default: untrained.csv in a fresh runs/untrained-<time>/].",
 )
 def main(envs, seeds, episodes, out):
-    seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    seed_list = parse_seeds(seeds)
     out = out or fresh_out("untrained", quick=False) / "untrained.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:

@@ -3,6 +3,8 @@
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from experiments.common import fresh_out
 from experiments.study import RESULTS
 from gossiprl.rl.a2c import ATARI_LR
@@ -192,3 +194,14 @@ def test_a_setting_with_cells_of_todays_plan_shows_only_those(tmp_path):
     assert [(c.setting, c.seed) for c in hidden] == [("ring of 4", 2)]
     rows, older, hidden = shown_rows(tmp_path, cells, env, all_older=True)
     assert len(rows) == 4 and hidden == []
+
+
+def test_seeds_that_are_not_whole_numbers_get_a_one_line_error():
+    import click
+
+    from experiments.common import parse_seeds
+
+    assert parse_seeds(None) == [1, 2, 3, 4, 5] and parse_seeds(" 4, 5,") == [4, 5]
+    for given, says in (("1,x", "whole numbers"), (",", "at least one seed")):
+        with pytest.raises(click.BadParameter, match=says):
+            parse_seeds(given)
