@@ -76,8 +76,9 @@ SERVER_QUEUE = 4
 reader asks once per writer per round, so this is slack: it bounds what one connection that asks
 and never reads costs the writer (250 FETCHes took one from 46 to 880 MiB)."""
 SLOW_STRIKES = 3
-"""Rounds in a row a writer may connect and not answer in time before its edge goes to the relay:
-a starved process loses a round or two, a server that stalls on purpose loses its edge."""
+"""Rounds in a row a writer may connect and not answer (in time, or at all: it hung up) before its
+edge goes to the relay: a starved process loses a round or two, a server that stalls or oversends
+on purpose loses its edge."""
 _DTYPES = {
     "float16": np.float16,
     "float32": np.float32,
@@ -476,10 +477,16 @@ class Fetcher:
     A writer is *unreachable* when no connection to it completed within the timeout; one that
     connected but answers late is only *slow* (a starved process): it is waited for up to
     ``patience`` times longer, and past that its letter is dropped for this round (AgentPlane gives
-    up on the edge after SLOW_STRIKES such rounds in a row). A reply is read only up to the size
-    the letter's schema gives (ZMQ_MAXMSGSIZE: a larger frame drops the connection before it is
-    buffered) and used only at exactly that size. Each FETCH carries ``token``, the swarm's.
+    up on the edge after SLOW_STRIKES such rounds in a row). One that connected before and *hung up*
+    (its connection dropped, or a reconnection failed, after the FETCH left) will never answer it:
+    that letter is dropped at once. Its agent closed its server (it finished or died) or broke
+    the size rule; waiting ten liveness windows for it stalled the end of every run whose last
+    writer left before a slower reader fetched. A reply is read only up to the size the letter's
+    schema gives (ZMQ_MAXMSGSIZE: a larger frame drops the connection before it is buffered) and
+    used only at exactly that size. Each FETCH carries ``token``, the swarm's.
     """
+
+    _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
 
     def __init__(
         self,
@@ -490,7 +497,7 @@ class Fetcher:
         self._curve = dict(curve_client) if curve_client else None
         self._ctx = context or zmq.Context.instance()
         self._socks: dict[str, tuple[zmq.Socket, zmq.Socket, int]] = {}
-        self._connected: set[str] = set()
+        self._links: dict[str, _Link] = {}
         self._seq = itertools.count(1)
         self.patience = patience
         self.token = ""
@@ -507,23 +514,28 @@ class Fetcher:
                 opts = {**self._curve, zmq.CURVE_SERVERKEY: str(ref.get("key", "")).encode()}
                 for option, value in opts.items():
                     sock.setsockopt(option, value)
-            monitor = sock.get_monitor_socket(
-                zmq.EVENT_HANDSHAKE_SUCCEEDED, addr=f"inproc://gossiprl-fetch-monitor-{uuid.uuid4().hex}"
-            )
+            monitor = sock.get_monitor_socket(self._EVENTS, addr=f"inproc://gossiprl-fetch-monitor-{uuid.uuid4().hex}")
             sock.connect(endpoint)
             self._socks[endpoint] = (sock, monitor, nbytes)
+            self._links[endpoint] = _Link()
         return self._socks[endpoint][0]
 
-    def _reached(self, endpoint: str) -> bool:
-        monitor = self._socks[endpoint][1]
+    def _link(self, endpoint: str) -> _Link:
+        """The connection to ``endpoint`` as its monitor's events so far say."""
+        monitor, link = self._socks[endpoint][1], self._links[endpoint]
         while monitor.poll(0):
-            monitor.recv_multipart()
-            self._connected.add(endpoint)
-        return endpoint in self._connected
+            event = int.from_bytes(monitor.recv_multipart()[0][:2], "little")
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                link.reached = link.up = True
+            else:  # disconnected, or a reconnection failed
+                link.up = False
+                link.drops += 1
+        return link
 
     def _drop(self, endpoint: str) -> None:
         """Close a writer's socket, and with it whatever is queued to it; the next fetch reconnects."""
         sock, monitor, _ = self._socks.pop(endpoint)
+        del self._links[endpoint]
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
@@ -531,28 +543,36 @@ class Fetcher:
     def fetch(
         self, wanted: Mapping[int, tuple[Mapping, Sequence[wire.TensorSpec]]], timeout: float, latest: bool = False
     ) -> tuple[dict[int, dict], dict[str, list[int]]]:
-        """Letters by writer rank, and the ranks lost: ``overwritten``, ``unreachable``, ``slow``.
-        ``latest``: the newest whole letter will do (async mode, as ``copy_whole``)."""
-        pending, got = {}, {}
-        lost = {"overwritten": [], "unreachable": [], "slow": []}
+        """Letters by writer rank, and the ranks lost: ``overwritten``, ``unreachable``, ``slow``,
+        ``hung-up``. ``latest``: the newest whole letter will do (async mode, as ``copy_whole``)."""
+        pending, got, closing = {}, {}, set()
+        lost = {"overwritten": [], "unreachable": [], "slow": [], "hung-up": []}
         for rank, (ref, specs) in wanted.items():
             seq = next(self._seq)
             sock = self._sock(ref, layout(specs)[1])
+            drops = self._link(ref["endpoint"]).drops  # what happened before this FETCH does not lose it
             fields = {"slot": ref["slot"], "version": ref["version"], "latest": latest, "token": self.token}
             try:
                 sock.send(_frame({"cmd": FETCH, "seq": seq, **fields}), flags=zmq.NOBLOCK)
             except zmq.Again:
                 lost["unreachable"].append(rank)
                 continue
-            pending[seq] = (rank, ref["endpoint"], specs)
+            pending[seq] = (rank, ref["endpoint"], specs, drops)
         poller = zmq.Poller()
-        for endpoint in {e for _, e, _ in pending.values()}:
+        for endpoint in {e for _, e, _, _ in pending.values()}:
             poller.register(self._socks[endpoint][0], zmq.POLLIN)
         start = time.monotonic()
         while pending:
-            waited = time.monotonic() - start
-            reached = all(self._reached(e) for _, e, _ in pending.values())
-            if waited > timeout * (self.patience if reached else 1.0):
+            for seq, (rank, endpoint, _, drops) in list(pending.items()):
+                link = self._link(endpoint)
+                if link.reached and link.drops > drops:
+                    lost["hung-up"].append(rank)
+                    closing.add(endpoint)
+                    del pending[seq]
+            if not pending:
+                break
+            reached = all(self._link(e).up for _, e, _, _ in pending.values())
+            if time.monotonic() - start > timeout * (self.patience if reached else 1.0):
                 break
             for sock, _ in poller.poll(100):
                 frames = sock.recv_multipart(copy=False)
@@ -563,20 +583,33 @@ class Fetcher:
                 entry = pending.pop(reply["seq"], None)
                 if entry is None:  # the answer to a request we gave up on
                     continue
-                rank, _, specs = entry
+                rank, _, specs, _ = entry
                 if reply.get("ok") is True and len(frames) == 2 and len(frames[1]) == layout(specs)[1]:
                     got[rank] = split_payload(frames[1].buffer, specs)
                 else:
                     lost["overwritten"].append(rank)
-        for rank, endpoint, _ in pending.values():
-            lost["slow" if self._reached(endpoint) else "unreachable"].append(rank)
-        for endpoint in {e for _, e, _ in pending.values()}:
+        for rank, endpoint, _, _ in pending.values():
+            link = self._link(endpoint)
+            lost["slow" if link.up else "hung-up" if link.reached else "unreachable"].append(rank)
+            closing.add(endpoint)
+        for endpoint in closing:
             self._drop(endpoint)
         return got, lost
 
     def close(self) -> None:
         for endpoint in list(self._socks):
             self._drop(endpoint)
+
+
+class _Link:
+    """One writer connection, from its monitor: whether it ever completed its handshake, whether it
+    is up now, and how many times it dropped or failed to reconnect."""
+
+    __slots__ = ("reached", "up", "drops")
+
+    def __init__(self):
+        self.reached = self.up = False
+        self.drops = 0
 
 
 # ------------------------------------------------------------------ one agent's end of the data plane
@@ -590,7 +623,9 @@ class AgentPlane:
     ``receive`` turns the references of a DELIVER into letters, from shared memory on this host
     or fetched from the writer's server. ``counts`` says which path each letter took and what
     was dropped: ``overwritten`` (a stale reference), ``unreachable`` (its edge then falls back to
-    the relay), ``slow`` (a writer that connected but did not answer in time), ``writer-gone``
+    the relay), ``slow`` (a writer that connected but did not answer in time), ``hung-up`` (a
+    writer's server closed the connection before it answered: it left, died or broke the size
+    rule), ``writer-gone``
     (its process died before we mapped its segment), ``refused`` (a DELIVER entry whose reference
     or schema breaks PROTOCOL.md: that letter alone is dropped) and
     ``torn`` (a sync-mode letter changed while it was copied: a broken promise, never expected).
@@ -623,7 +658,7 @@ class AgentPlane:
         self.unreachable: set[int] = set()
         self._to_report: set[int] = set()
         self._slow: dict[int, int] = {}
-        """Rounds in a row each writer connected but did not answer in time (see SLOW_STRIKES)."""
+        """Rounds in a row each writer connected but did not answer, or hung up (see SLOW_STRIKES)."""
         self.counts = {
             k: 0
             for k in (
@@ -633,6 +668,7 @@ class AgentPlane:
                 "overwritten",
                 "unreachable",
                 "slow",
+                "hung-up",
                 "writer-gone",
                 "torn",
                 "refused",
@@ -737,9 +773,10 @@ class AgentPlane:
             self.counts["direct"] += len(got)
             self.counts["overwritten"] += len(lost["overwritten"])
             self.counts["slow"] += len(lost["slow"])
+            self.counts["hung-up"] += len(lost["hung-up"])
             for rank in got:
                 self._slow.pop(rank, None)
-            for rank in lost["slow"]:
+            for rank in lost["slow"] + lost["hung-up"]:
                 self._slow[rank] = self._slow.get(rank, 0) + 1
                 if self._slow[rank] >= SLOW_STRIKES:
                     del self._slow[rank]

@@ -532,6 +532,33 @@ def test_writer_that_connects_but_does_not_answer_is_slow_not_unreachable():
                 c.close()
 
 
+def test_reader_of_a_writer_that_closed_its_server_does_not_wait_for_it():
+    """The end of a run: a writer's last exchange returned and it closed its letter server before a
+    slower reader fetched its last letter, over a connection that was up the round before. The
+    reader must give that letter up at once (its reconnections fail), not wait ten liveness windows."""
+    with Broker(topologies.make("ring", 2), data_plane="direct").start() as broker:
+        clients = [GossipClient(broker.address, r, timeout=20, **FAST) for r in range(2)]
+        try:
+            clients[1]._plane.fetch_timeout = 2.0
+            clients[1]._plane.fetcher.patience = 10.0
+            for value in (1.0, 2.0):
+                clients[0].publish({"x": np.full(3, value, np.float32)})
+                clients[1].publish({"x": np.zeros(3, np.float32)})
+                if value == 1.0:
+                    assert clients[1].collect()[0]["x"][0] == 1.0
+                    clients[0].collect()
+            clients[0]._plane.server.close()
+            start = time.monotonic()
+            assert clients[1].collect() == {}
+            waited = time.monotonic() - start
+            assert waited < clients[1]._plane.fetch_timeout, f"waited {waited:.1f} s for a closed server"
+            assert clients[1].plane_counts["hung-up"] == 1 and clients[1].plane_counts["slow"] == 0
+        finally:
+            clients[0]._plane.server = None
+            for c in clients:
+                c.close()
+
+
 def test_writer_without_an_ack_sends_its_next_letter_through_the_broker():
     """Without the ACK of its last letter a writer cannot know a slot is free (a reader may hold
     the last two in place): the next letter goes the broker's way, bytes and all."""

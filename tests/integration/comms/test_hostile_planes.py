@@ -314,8 +314,9 @@ def test_a_connection_that_asks_and_never_reads_gets_a_bounded_queue():
                 c.close()
 
 
-def _fake_server(oversize):
-    """A 'letter server' that stalls (never answers) or answers with a frame far beyond the schema."""
+def _fake_server(behaviour):
+    """A 'letter server' that stalls (never answers), answers with a frame far beyond the schema,
+    or closes its socket once a request came (its agent left with a reader's fetch pending)."""
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind("tcp://127.0.0.1:*")
@@ -325,9 +326,11 @@ def _fake_server(oversize):
         while not stop.is_set():
             if sock.poll(50):
                 identity, request = sock.recv_multipart()
-                if oversize:
+                if behaviour == "oversize":
                     seq = msgpack.unpackb(request)["seq"]
                     sock.send_multipart([identity, head("LETTER", seq=seq, ok=True), b"\0" * (64 * MIB)])
+                if behaviour == "leaves":
+                    break
         sock.close(linger=0)
 
     thread = threading.Thread(target=serve, daemon=True)
@@ -336,11 +339,12 @@ def _fake_server(oversize):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("oversize", [False, True], ids=["stalls", "oversize-frame"])
-def test_a_writer_whose_server_stalls_or_oversends_loses_its_edge_to_the_relay(oversize):
+@pytest.mark.parametrize("behaviour,count", [("stalls", "slow"), ("oversize", "hung-up")])
+def test_a_writer_whose_server_stalls_or_oversends_loses_its_edge_to_the_relay(behaviour, count):
     """C8: a server that stalled cost every reader ~10 s per round and never fell back to the relay;
-    one that sent a 1 GiB frame had it accepted (reader RSS 1,066 MiB)."""
-    endpoint, stop, thread = _fake_server(oversize)
+    one that sent a 1 GiB frame had it accepted (reader RSS 1,066 MiB). The oversized frame drops
+    the connection, so its reader knows at once that no letter is coming (``hung-up``)."""
+    endpoint, stop, thread = _fake_server(behaviour)
     plane = AgentPlane("direct", "tcp://127.0.0.1:1", "sync", fetch_timeout=0.2)
     plane.fetcher.patience = 1.5
     ref = {"endpoint": endpoint, "slot": 0, "version": 2}
@@ -349,8 +353,30 @@ def test_a_writer_whose_server_stalls_or_oversends_loses_its_edge_to_the_relay(o
             assert plane.unreachable == set(), f"fell back after {k} slow rounds"
             msg = Message("DELIVER", {"messages": [{"rank": 1, "ref": ref, "specs": SPECS}]})
             assert plane.receive(msg) == {}
-        assert plane.counts["slow"] == dataplane.SLOW_STRIKES and plane.counts["direct"] == 0, plane.counts
+        assert plane.counts[count] == dataplane.SLOW_STRIKES and plane.counts["direct"] == 0, plane.counts
         assert plane.unreachable == {1} and plane.collect_fields() == {"unreachable": [1]}
+    finally:
+        plane.close()
+        stop.set()
+        thread.join(5)
+
+
+@pytest.mark.timeout(30)
+def test_a_reader_whose_writer_leaves_with_its_fetch_pending_drops_that_letter_at_once():
+    """A writer closes its letter server as soon as its last exchange returns; a slower reader whose
+    FETCH was on its way waited ten liveness windows for an answer that could not come (the end of
+    a bench run stalled 300 s). The connection dropping says so: the letter is dropped now, as a
+    strike, and the edge is not relayed for it."""
+    endpoint, stop, thread = _fake_server("leaves")
+    plane = AgentPlane("direct", "tcp://127.0.0.1:1", "sync", fetch_timeout=2.0)
+    ref = {"endpoint": endpoint, "slot": 0, "version": 2}
+    try:
+        start = time.monotonic()
+        assert plane.receive(Message("DELIVER", {"messages": [{"rank": 1, "ref": ref, "specs": SPECS}]})) == {}
+        waited = time.monotonic() - start
+        assert waited < plane.fetch_timeout, f"waited {waited:.1f} s for a server that had closed"
+        assert plane.counts["hung-up"] == 1 and plane.counts["slow"] == 0, plane.counts
+        assert plane.unreachable == set() and plane.collect_fields() == {}
     finally:
         plane.close()
         stop.set()
