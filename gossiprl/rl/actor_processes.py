@@ -35,6 +35,7 @@ import zmq
 
 from gossiprl.comms import keys
 from gossiprl.comms.trajectories import (
+    SILENCE_S,
     ActorEnd,
     ActorFailed,
     LearnerEnd,
@@ -67,13 +68,15 @@ def run_actor(
     curve: tuple | None = None,
     torch_threads: int = 1,
     routing_id: bytes | None = None,
+    silence_s: float = SILENCE_S,
 ) -> tuple[int, str | None]:
     """Act for the learner at ``endpoint`` until it says stop (or ``stop`` is set); return the
     unrolls sent and the learner's reason to stop it (None when ``stop`` ended it), which a person
     running the actor needs to tell a learner that is done from one that dropped this actor. An
-    error ends the actor, and is first sent to the learner in one line."""
+    error ends the actor, and is first sent to the learner in one line. A learner silent for
+    ``silence_s`` after it answered the JOIN is lost (LearnerLost: start the actor again)."""
     torch.set_num_threads(torch_threads)
-    link = ActorEnd(endpoint, curve, routing_id=routing_id)
+    link = ActorEnd(endpoint, curve, silence_s=silence_s, routing_id=routing_id)
     try:
         welcome = link.join(env_id, stop)
         envs = None

@@ -230,6 +230,34 @@ def test_a_learner_with_no_actors_of_its_own_trains_on_the_first_from_elsewhere(
     assert all(trajectory.actor == 0 for trajectory in source.taken) and len(stats) == 3
 
 
+@pytest.mark.timeout(120)
+def test_an_actor_whose_learner_falls_silent_after_the_join_is_told_it_lost_it():
+    """``gossiprl actor`` exits 3 (start it again) on LearnerLost, which only a CLI test with a stub
+    raised. Here a real learner answers the JOIN and trains on the actor, then says nothing more,
+    STOP included, as when its host goes away: the actor must end with LearnerLost, not as done."""
+    source = pool(actors_per_agent=0, actor_placement="process", actors_bind=f"tcp://127.0.0.1:{free_port()}")
+    box = {}
+
+    def act():
+        try:
+            box["result"] = actor_processes.run_actor(source.actors.hp.actors_bind, "CartPole-v1", silence_s=1.0)
+        except Exception as err:
+            box["error"] = err
+
+    remote = threading.Thread(target=act)
+    remote.start()
+    try:
+        start(source)
+        source.next(0)
+        source.actors.end._send = lambda *args, **kwargs: None  # from now on the learner sends nothing
+    finally:
+        source.close()
+        remote.join(30)
+    assert not remote.is_alive()
+    assert isinstance(box.get("error"), trajectories.LearnerLost), box
+    assert "has not answered for 1 s" in str(box["error"])
+
+
 def only_remote_actors(**changes) -> AgentConfig:
     """An IMPALA agent fed only by actors from elsewhere, with a budget it never reaches: a test stops it."""
     impala_cfg = ImpalaConfig(
