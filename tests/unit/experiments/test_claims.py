@@ -244,7 +244,7 @@ def test_the_sb3_reference_is_read_by_p_with_bonferroni_intervals_not_by_overlap
     assert "- P(gossiprl's one agent > SB3 PPO) = 0.50 [0.22, 0.78]: this data cannot tell them apart" in " ".join(
         lines
     )
-    assert "(SB3 DQN has 2, gossiprl's one agent 12; 3 needed)" in " ".join(lines)
+    assert "(gossiprl's one agent has 12, SB3 DQN 2; 3 needed)" in " ".join(lines)
     assert "- SB3 long ran 5,000,000 frames, gossiprl's one agent 1,000,000: not compared." in lines
     assert not any("overlap" in line and "not read" not in line for line in lines)
 
