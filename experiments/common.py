@@ -125,9 +125,10 @@ def fresh_out(name: str, quick: bool) -> Path:
 
 
 def parse_seeds(given: str | None, default: str = "1,2,3,4,5") -> list[int]:
-    """--seeds as a list (``default`` when not given), or a one-line error that says what is valid."""
+    """--seeds as a list (``default`` when not given: None), or a one-line error that says what is
+    valid (an empty --seeds too: it is not the default)."""
     try:
-        seeds = [int(s) for s in (given or default).split(",") if s.strip()]
+        seeds = [int(s) for s in (default if given is None else given).split(",") if s.strip()]
     except ValueError:
         raise click.BadParameter(
             f"{given!r}: give comma-separated whole numbers, e.g. 1,2,3", param_hint="--seeds"

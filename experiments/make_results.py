@@ -446,7 +446,7 @@ def same_algorithm_lines(scores: dict[str, np.ndarray], frames: dict[str, int]) 
             "",
         ]
     estimate = stats.improvement_interval([scores[GOSSIPRL_PPO]], [scores["SB3 PPO"]])
-    seeds = f"SB3 PPO has {len(scores['SB3 PPO'])}, gossiprl's PPO {len(scores[GOSSIPRL_PPO])}"
+    seeds = f"gossiprl's PPO has {len(scores[GOSSIPRL_PPO])}, SB3 PPO {len(scores['SB3 PPO'])}"
     return [
         f"- The same algorithm in both: P(gossiprl's PPO > SB3 PPO) = {claims.interval_text(estimate)}, IQM "
         f"{claims.interval_text(stats.iqm_interval([scores[GOSSIPRL_PPO]]))} against "
@@ -617,7 +617,9 @@ def table1_comparisons(rows: list[dict]) -> list[str]:
     ]
 
 
-def improvements(pairs: list[tuple[str, str]], scores: dict[str, np.ndarray], names=None) -> tuple[float, list[str]]:
+def improvements(
+    pairs: list[tuple[str, str]], scores: dict[str, np.ndarray], names: dict[str, str] | None = None
+) -> tuple[float, list[str]]:
     """P(X > Y) for each pair, read together: its intervals' size, Bonferroni-corrected over the
     pairs (as experiments/claims.py judges), and for each pair what its interval says. ``names``
     renames an X in the text."""

@@ -53,6 +53,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from . import keys, shmlocks, wire
 from .tensors import copy_into, dtype_name, pack
@@ -474,19 +475,22 @@ class LetterServer:
 class Fetcher:
     """A reader's DEALER sockets, one per writer endpoint: fetch many letters at once, in parallel.
 
-    A writer is *unreachable* when no connection to it completed within the timeout; one that
+    A writer is *unreachable* when no connection to it ever completed, within the timeout; one that
     connected but answers late is only *slow* (a starved process): it is waited for up to
     ``patience`` times longer, and past that its letter is dropped for this round (AgentPlane gives
-    up on the edge after SLOW_STRIKES such rounds in a row). One that connected before and *hung up*
-    (its connection dropped, or a reconnection failed, after the FETCH left) will never answer it:
-    that letter is dropped at once. Its agent closed its server (it finished or died) or broke
-    the size rule; waiting ten liveness windows for it stalled the end of every run whose last
-    writer left before a slower reader fetched. A reply is read only up to the size the letter's
-    schema gives (ZMQ_MAXMSGSIZE: a larger frame drops the connection before it is buffered) and
-    used only at exactly that size. Each FETCH carries ``token``, the swarm's.
+    up on the edge after SLOW_STRIKES such rounds in a row). One that connected before and then
+    *hung up* (its connection dropped, or a reconnection to it failed, after the FETCH left) is
+    not waited for: its agent closed its server (it finished its run or died), or this reader
+    dropped the connection over an oversized frame. Waiting ten liveness windows for it stalled the
+    end of every run whose last writer left before a slower reader fetched. A reply already in
+    the socket when the drop is seen is still taken. A reply is read only up to the size the
+    letter's schema gives (ZMQ_MAXMSGSIZE: a larger frame drops the connection before it is
+    buffered) and used only at exactly that size. Each FETCH carries ``token``, the swarm's.
     """
 
-    _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+    _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+    """What a writer connection's monitor reports: a handshake done; a connection lost; a connection
+    attempt's socket closed, which is how a failed reconnection shows (a refused connect)."""
 
     def __init__(
         self,
@@ -497,7 +501,11 @@ class Fetcher:
         self._curve = dict(curve_client) if curve_client else None
         self._ctx = context or zmq.Context.instance()
         self._socks: dict[str, tuple[zmq.Socket, zmq.Socket, int]] = {}
-        self._links: dict[str, _Link] = {}
+        self._drops: dict[str, int] = {}
+        """Per endpoint, how many times its connection was lost or a reconnection failed: compared
+        before and after a FETCH, never read as a count of anything."""
+        self._reached: set[str] = set()
+        """Endpoints that ever completed a handshake: they keep their patience on a new socket."""
         self._seq = itertools.count(1)
         self.patience = patience
         self.token = ""
@@ -517,25 +525,23 @@ class Fetcher:
             monitor = sock.get_monitor_socket(self._EVENTS, addr=f"inproc://gossiprl-fetch-monitor-{uuid.uuid4().hex}")
             sock.connect(endpoint)
             self._socks[endpoint] = (sock, monitor, nbytes)
-            self._links[endpoint] = _Link()
+            self._drops[endpoint] = 0
         return self._socks[endpoint][0]
 
-    def _link(self, endpoint: str) -> _Link:
-        """The connection to ``endpoint`` as its monitor's events so far say."""
-        monitor, link = self._socks[endpoint][1], self._links[endpoint]
+    def _dropped(self, endpoint: str) -> int:
+        """Read what ``endpoint``'s monitor reported so far; its drops."""
+        monitor = self._socks[endpoint][1]
         while monitor.poll(0):
-            event = int.from_bytes(monitor.recv_multipart()[0][:2], "little")
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                link.reached = link.up = True
-            else:  # disconnected, or a reconnection failed
-                link.up = False
-                link.drops += 1
-        return link
+            if parse_monitor_message(monitor.recv_multipart())["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._reached.add(endpoint)
+            else:
+                self._drops[endpoint] += 1
+        return self._drops[endpoint]
 
     def _drop(self, endpoint: str) -> None:
         """Close a writer's socket, and with it whatever is queued to it; the next fetch reconnects."""
         sock, monitor, _ = self._socks.pop(endpoint)
-        del self._links[endpoint]
+        del self._drops[endpoint]
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
@@ -545,12 +551,12 @@ class Fetcher:
     ) -> tuple[dict[int, dict], dict[str, list[int]]]:
         """Letters by writer rank, and the ranks lost: ``overwritten``, ``unreachable``, ``slow``,
         ``hung-up``. ``latest``: the newest whole letter will do (async mode, as ``copy_whole``)."""
-        pending, got, closing = {}, {}, set()
+        pending, got = {}, {}
         lost = {"overwritten": [], "unreachable": [], "slow": [], "hung-up": []}
         for rank, (ref, specs) in wanted.items():
             seq = next(self._seq)
             sock = self._sock(ref, layout(specs)[1])
-            drops = self._link(ref["endpoint"]).drops  # what happened before this FETCH does not lose it
+            drops = self._dropped(ref["endpoint"])  # what happened before this FETCH does not lose it
             fields = {"slot": ref["slot"], "version": ref["version"], "latest": latest, "token": self.token}
             try:
                 sock.send(_frame({"cmd": FETCH, "seq": seq, **fields}), flags=zmq.NOBLOCK)
@@ -558,58 +564,59 @@ class Fetcher:
                 lost["unreachable"].append(rank)
                 continue
             pending[seq] = (rank, ref["endpoint"], specs, drops)
+        endpoints = {e for _, e, _, _ in pending.values()}
         poller = zmq.Poller()
-        for endpoint in {e for _, e, _, _ in pending.values()}:
+        for endpoint in endpoints:
             poller.register(self._socks[endpoint][0], zmq.POLLIN)
+
+        def take(sock: zmq.Socket) -> None:
+            frames = sock.recv_multipart(copy=False)
+            try:
+                reply = _parse(frames[0])
+            except wire.WireError:
+                return
+            entry = pending.pop(reply["seq"], None)
+            if entry is None:  # the answer to a request we gave up on
+                return
+            rank, _, specs, _ = entry
+            if reply.get("ok") is True and len(frames) == 2 and len(frames[1]) == layout(specs)[1]:
+                got[rank] = split_payload(frames[1].buffer, specs)
+            else:
+                lost["overwritten"].append(rank)
+
+        def hung_up() -> list[int]:
+            """The pending FETCHes whose writer hung up since they left. The monitor is read before
+            the sockets: a reply that came before the drop is in its socket by then, and is taken."""
+            now = {e: self._dropped(e) for e in endpoints}
+            hung = [seq for seq, (_, e, _, drops) in pending.items() if e in self._reached and now[e] > drops]
+            for endpoint in endpoints:
+                sock = self._socks[endpoint][0]
+                while sock.poll(0):
+                    take(sock)
+            return [seq for seq in hung if seq in pending]
+
         start = time.monotonic()
         while pending:
-            for seq, (rank, endpoint, _, drops) in list(pending.items()):
-                link = self._link(endpoint)
-                if link.reached and link.drops > drops:
-                    lost["hung-up"].append(rank)
-                    closing.add(endpoint)
-                    del pending[seq]
+            for seq in hung_up():
+                lost["hung-up"].append(pending.pop(seq)[0])
             if not pending:
                 break
-            reached = all(self._link(e).up for _, e, _, _ in pending.values())
+            reached = all(e in self._reached for _, e, _, _ in pending.values())
             if time.monotonic() - start > timeout * (self.patience if reached else 1.0):
                 break
             for sock, _ in poller.poll(100):
-                frames = sock.recv_multipart(copy=False)
-                try:
-                    reply = _parse(frames[0])
-                except wire.WireError:
-                    continue
-                entry = pending.pop(reply["seq"], None)
-                if entry is None:  # the answer to a request we gave up on
-                    continue
-                rank, _, specs, _ = entry
-                if reply.get("ok") is True and len(frames) == 2 and len(frames[1]) == layout(specs)[1]:
-                    got[rank] = split_payload(frames[1].buffer, specs)
-                else:
-                    lost["overwritten"].append(rank)
+                take(sock)
+        for seq in hung_up():
+            lost["hung-up"].append(pending.pop(seq)[0])
         for rank, endpoint, _, _ in pending.values():
-            link = self._link(endpoint)
-            lost["slow" if link.up else "hung-up" if link.reached else "unreachable"].append(rank)
-            closing.add(endpoint)
-        for endpoint in closing:
+            lost["slow" if endpoint in self._reached else "unreachable"].append(rank)
+        for endpoint in {e for _, e, _, _ in pending.values()} | {wanted[r][0]["endpoint"] for r in lost["hung-up"]}:
             self._drop(endpoint)
         return got, lost
 
     def close(self) -> None:
         for endpoint in list(self._socks):
             self._drop(endpoint)
-
-
-class _Link:
-    """One writer connection, from its monitor: whether it ever completed its handshake, whether it
-    is up now, and how many times it dropped or failed to reconnect."""
-
-    __slots__ = ("reached", "up", "drops")
-
-    def __init__(self):
-        self.reached = self.up = False
-        self.drops = 0
 
 
 # ------------------------------------------------------------------ one agent's end of the data plane
@@ -623,9 +630,9 @@ class AgentPlane:
     ``receive`` turns the references of a DELIVER into letters, from shared memory on this host
     or fetched from the writer's server. ``counts`` says which path each letter took and what
     was dropped: ``overwritten`` (a stale reference), ``unreachable`` (its edge then falls back to
-    the relay), ``slow`` (a writer that connected but did not answer in time), ``hung-up`` (a
-    writer's server closed the connection before it answered: it left, died or broke the size
-    rule), ``writer-gone``
+    the relay), ``slow`` (a writer that connected but did not answer in time), ``hung-up`` (the
+    connection to a writer's server was lost before it answered: the writer left or died, or sent
+    a frame beyond the size rule), ``writer-gone``
     (its process died before we mapped its segment), ``refused`` (a DELIVER entry whose reference
     or schema breaks PROTOCOL.md: that letter alone is dropped) and
     ``torn`` (a sync-mode letter changed while it was copied: a broken promise, never expected).

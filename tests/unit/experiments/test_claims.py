@@ -257,7 +257,7 @@ def test_gossiprls_ppo_is_read_against_sb3s_ppo_at_the_same_frames():
     ahead = make_results.same_algorithm_lines({make_results.GOSSIPRL_PPO: seeds + 1, "SB3 PPO": seeds}, frames)
     assert "P(gossiprl's PPO > SB3 PPO) = 1.00 [1.00, 1.00]" in ahead[0] and "gossiprl's PPO ends higher" in ahead[0]
     one_seed = make_results.same_algorithm_lines({make_results.GOSSIPRL_PPO: seeds, "SB3 PPO": seeds[:1]}, frames)
-    assert "too few seeds for an interval (SB3 PPO has 1, gossiprl's PPO 5; 3 needed)" in one_seed[0]
+    assert "too few seeds for an interval (gossiprl's PPO has 5, SB3 PPO 1; 3 needed)" in one_seed[0]
     longer = {**frames, "SB3 PPO": 5_000_000}
     (line, _) = make_results.same_algorithm_lines({make_results.GOSSIPRL_PPO: seeds, "SB3 PPO": seeds}, longer)
     assert line == "- SB3 PPO ran 5,000,000 frames, gossiprl's PPO 1,000,000: not compared."

@@ -3,9 +3,10 @@
 import tempfile
 from pathlib import Path
 
+import click
 import pytest
 
-from experiments.common import fresh_out
+from experiments.common import fresh_out, parse_seeds
 from experiments.study import RESULTS
 from gossiprl.rl.a2c import ATARI_LR
 
@@ -197,11 +198,7 @@ def test_a_setting_with_cells_of_todays_plan_shows_only_those(tmp_path):
 
 
 def test_seeds_that_are_not_whole_numbers_get_a_one_line_error():
-    import click
-
-    from experiments.common import parse_seeds
-
     assert parse_seeds(None) == [1, 2, 3, 4, 5] and parse_seeds(" 4, 5,") == [4, 5]
-    for given, says in (("1,x", "whole numbers"), (",", "at least one seed")):
+    for given, says in (("1,x", "whole numbers"), (",", "at least one seed"), ("", "at least one seed")):
         with pytest.raises(click.BadParameter, match=says):
             parse_seeds(given)
