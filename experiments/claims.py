@@ -260,9 +260,14 @@ def size_text(size: float, comparisons: int) -> str:
     return f"{100 * size:.4g} % intervals (Bonferroni: {100 * (1 - stats.ALPHA):g} % over {comparisons} comparisons)"
 
 
-def comparison_lines(name: str, arms: Arms, settings: list[str], frames_per_agent: bool) -> list[str]:
+def comparison_lines(
+    name: str, arms: Arms, settings: list[str], frames_per_agent: bool, stale: tuple[str, ...] = ()
+) -> list[str]:
     """P(X > Y) with its 95 % interval and what it says, on every axis, for the claim's pairs and
-    the study's extra ones (none for a study with no claim here): uncorrected, no verdict."""
+    the study's extra ones (none for a study with no claim here): uncorrected, no verdict. An arm
+    whose cells are older runs (``stale``) is compared only with another such arm: against one
+    run today it would set one budget or loop against another (a study part-way through its
+    new plan compared its first 1M-frame cell with 100k-frame ones: P = 1.00)."""
     claim = CLAIMS.get(name)
     if claim is None:
         return []
@@ -270,6 +275,10 @@ def comparison_lines(name: str, arms: Arms, settings: list[str], frames_per_agen
     lines = []
     for x, y in dict.fromkeys(pairs):
         if x not in settings or y not in settings or not (arms.seeds(x) and arms.seeds(y)):
+            continue
+        if (x in stale) != (y in stale):
+            older = x if x in stale else y
+            lines.append(f"- P({x} > {y}): not compared, the cells of {older} are older runs (above).")
             continue
         parts = []
         for axis in ("frames", "wall_s", "consensus"):

@@ -225,7 +225,7 @@ def study_section(folder: str, results: Path) -> list[str]:
     lines += claims.claim_lines(name, arms, bounds, frames_per_agent, tuple(stale))
     lines += claims.equal_total_lines(name, arms, bounds)
     lines += iqm_lines(arms, settings, bounds, frames_per_agent)
-    lines += claims.comparison_lines(name, arms, settings, frames_per_agent)
+    lines += claims.comparison_lines(name, arms, settings, frames_per_agent, tuple(stale))
     lines += [f"- Fastest in frames/s: **{max(table.values(), key=lambda e: e['fps'])['setting']}**."]
     return lines + time_split_lines(rows, settings) + [""]
 

@@ -68,6 +68,8 @@ def test_no_verdict_is_read_off_cells_that_ran_under_other_settings():
     assert "**supports** it" in claims.claim_lines("swarm_vs_one", arms, BOUNDS, frames_per_agent=True)[0]
     (line,) = claims.claim_lines("swarm_vs_one", arms, BOUNDS, frames_per_agent=True, stale=(RING, "another arm"))
     assert f"**cannot decide** it: the cells of {RING} ran under other settings" in line and "P(" not in line
+    (pair,) = claims.comparison_lines("swarm_vs_one", arms, [ONE, RING], frames_per_agent=True, stale=(RING,))
+    assert pair.endswith(f"not compared, the cells of {RING} are older runs (above).") and "1.00" not in pair
 
 
 def test_the_equal_total_gap_is_explained_by_steps_only_where_there_is_one():
