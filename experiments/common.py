@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -45,6 +46,7 @@ from gossiprl.rl.agent import AgentConfig
 from gossiprl.rl.consensus import evaluate_consensus
 from gossiprl.rl.envs import is_minatar
 from gossiprl.rl.learners import LEARNERS
+from gossiprl.settings import NO_GOSSIP
 
 QUICK_ENV = "CartPole-v1"
 REAL_ENV = "MinAtar/Breakout-v1"
@@ -87,6 +89,15 @@ def score_bounds(env_id: str, rows: list[dict]) -> tuple[tuple[float, float], st
     return (low, high), f"[{low:.2f}, {high:.2f}]: below, {said}; above, the highest score a run reached"
 
 
+PLANE = "shm" if sys.platform == "linux" else "broker"
+"""The data plane cells run on (Cell.plane). On one host shared memory spares the broker two copies
+of every letter: a sync ring of 4 on MinAtar Breakout trained 1.2x the frames/s it did through the
+broker on this 2-core VM (4,298 and 4,254 against 3,524 and 3,666 in interleaved runs), and the plane
+changes nothing a sync swarm learns: its parameters come out bitwise the same (a test in
+tests/integration/comms/test_dataplane.py). So the plane is not in a cell's fingerprint, and a cell
+run through the broker is reused. An async swarm's letters depend on timing on either plane."""
+
+
 @dataclass
 class Cell:
     setting: str
@@ -109,6 +120,9 @@ class Cell:
     runner: Callable[[Cell, AgentConfig, Path], tuple[list[dict], float]] | None = None
     """Runs the swarm some other way than ``launch.run`` (agents in network namespaces): gets the
     cell, the agents' config and the run dir, returns (each agent's summary, wall-clock seconds)."""
+    plane: str | None = PLANE
+    """The data plane a gossiping swarm runs on in place of its SwarmConfig's; None runs the
+    SwarmConfig's (the layout study's one-host arm relays through the broker, as PALA's cluster did)."""
 
     @property
     def key(self) -> str:
@@ -206,6 +220,13 @@ def shared_row(cell: Cell, shared: Path, fingerprint: str) -> dict | None:
     if not path.exists():
         return None
     return {**json.loads(path.read_text()), "setting": cell.setting, **cell.labels}
+
+
+def ran_swarm(cell: Cell) -> launch.SwarmConfig:
+    """The swarm ``cell`` runs: its SwarmConfig with its budget, on ``cell.plane`` where it gossips
+    (a swarm without gossip has no broker, and would warn that a plane was given for nothing)."""
+    swarm = replace(cell.swarm, total_frames=cell.total_frames)
+    return replace(swarm, data_plane=cell.plane) if cell.plane and swarm.topology != NO_GOSSIP else swarm
 
 
 def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
@@ -339,6 +360,7 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
     (``timed_frames``). Cells a ``runner`` runs (agents in network namespaces) start afresh."""
     run_dir = out / "runs" / cell.key
     sessions, trained = start_session(run_dir, fingerprint, resumable=cell.runner is None)
+    swarm = cell.swarm if cell.runner else ran_swarm(cell)
     per_agent = cell.total_frames // cell.agents
     agent_cfg = AgentConfig(
         env_id=env_id,
@@ -365,7 +387,7 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
             summary = json.loads((run_dir / "summary.json").read_text())
         else:
             summary = launch.run(
-                replace(cell.swarm, total_frames=cell.total_frames),
+                swarm,
                 agent_cfg,
                 run_dir,
                 resume=sessions > 1,
@@ -396,6 +418,7 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         "n_steps": hp.n_steps,  # the cell's learner's: PPO's 128-step rollouts, IMPALA's 20-step unrolls
         "num_envs": hp.num_envs,
         "gossip_every": cell.gossip_every,
+        "data_plane": None if swarm.topology == NO_GOSSIP else swarm.data_plane,
         "frames": int(sum(s["frames"] for s in summaries)),
         "steps_per_update": steps_per_update(hp),
         "timed_frames": float(np.mean([s["fps"] * s["wall_seconds"] for s in summaries])),

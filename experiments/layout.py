@@ -193,6 +193,7 @@ def build(quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[
             frames,
             SwarmConfig(agents=AGENTS, topology="ring", transport="tcp"),
             labels={"layout": "one host"},
+            plane=None,  # through the broker, as the namespaces' arm: the layout is the question
         )
         for seed in seeds
     ]

@@ -424,6 +424,41 @@ def test_cartpole_run_over_a_data_plane(tmp_path, plane):
 
 
 @pytest.mark.timeout(120)
+def test_a_sync_run_learns_bitwise_the_same_parameters_over_the_broker_and_shared_memory(tmp_path):
+    """Where a letter's bytes travel must not change what a sync swarm learns: the turn locks fix
+    every round's letters whatever the plane. experiments/ runs its cells over shared memory and
+    reuses cells run through the broker on the strength of this."""
+    import torch
+
+    params = {}
+    for plane in ("broker", "shm"):
+        run_dir = tmp_path / plane
+        result = invoke(
+            "run",
+            "--agents",
+            2,
+            "--topology",
+            "ring",
+            "--data-plane",
+            plane,
+            "--total-frames",
+            4000,
+            "--seed",
+            7,
+            "--run-dir",
+            run_dir,
+            "--no-progress",
+            "--stop-at-return",
+            "none",
+        )
+        assert result.exit_code == 0, result.output
+        params[plane] = [torch.load(run_dir / f"agent-{r}" / "checkpoint.pt")["model"] for r in range(2)]
+    for rank, (over_broker, over_shm) in enumerate(zip(params["broker"], params["shm"])):
+        assert over_broker.keys() == over_shm.keys()
+        assert all(torch.equal(over_broker[k], over_shm[k]) for k in over_broker), f"agent-{rank} learned otherwise"
+
+
+@pytest.mark.timeout(120)
 def test_bench_rows_measure_every_path():
     from gossiprl.bench import planes as bench_planes
 

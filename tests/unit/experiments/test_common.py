@@ -202,3 +202,22 @@ def test_seeds_that_are_not_whole_numbers_get_a_one_line_error():
     for given, says in (("1,x", "whole numbers"), (",", "at least one seed"), ("", "at least one seed")):
         with pytest.raises(click.BadParameter, match=says):
             parse_seeds(given)
+
+
+def test_cells_gossip_over_shared_memory_and_are_named_as_through_the_broker():
+    """The plane changes nothing a sync swarm learns (a test in test_dataplane.py), so a cell runs
+    on the faster one and keeps the fingerprint its broker-plane run had: reused either way."""
+    from dataclasses import replace
+
+    from experiments.common import PLANE, Cell, cell_fingerprint, ran_swarm
+    from gossiprl.launch import SwarmConfig
+    from gossiprl.settings import NO_GOSSIP
+
+    ring = Cell("ring", 1, 4, 4_000_000, SwarmConfig(agents=4, topology="ring"))
+    assert ring.swarm.data_plane == "broker" and ran_swarm(ring).data_plane == PLANE
+    assert ran_swarm(ring).total_frames == 4_000_000
+    as_declared = replace(ring, plane=None)
+    assert ran_swarm(as_declared).data_plane == "broker"
+    assert cell_fingerprint(ring, "MinAtar/Breakout-v1", 10) == cell_fingerprint(as_declared, "MinAtar/Breakout-v1", 10)
+    alone = Cell("none", 1, 4, 4_000_000, SwarmConfig(agents=4, topology=NO_GOSSIP))
+    assert ran_swarm(alone).data_plane == "broker"  # no broker to carry anything: no plane to warn about
