@@ -392,30 +392,23 @@ def test_a_reference_only_letter_moves_no_bytes_through_the_broker():
         wire.decode(wire.encode(wire.PUBLISH, {"seq": 1, "round": 0, "tensors": tensors}))
 
 
+def _ring_of_2(run_dir, plane, frames, *options) -> None:
+    """``gossiprl run``: a sync CartPole ring of 2 over ``plane`` for ``frames`` in all."""
+    result = invoke(
+        "run",
+        *("--agents", 2, "--topology", "ring", "--data-plane", plane, "--total-frames", frames),
+        *options,
+        *("--run-dir", run_dir, "--no-progress", "--stop-at-return", "none"),
+    )
+    assert result.exit_code == 0, result.output
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("plane", ["shm", "direct"])
 def test_cartpole_run_over_a_data_plane(tmp_path, plane):
     assert _segments_left() == []
     run_dir = tmp_path / "run"
-    result = invoke(
-        "run",
-        "--agents",
-        2,
-        "--topology",
-        "ring",
-        "--data-plane",
-        plane,
-        "--total-frames",
-        8000,
-        "--log-every",
-        20,
-        "--run-dir",
-        run_dir,
-        "--no-progress",
-        "--stop-at-return",
-        "none",
-    )
-    assert result.exit_code == 0, result.output
+    _ring_of_2(run_dir, plane, 8000, "--log-every", 20)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["frames"] >= 8000 and not summary["failed"]
     rows = list(csv.DictReader((run_dir / "agent-0" / "metrics.csv").open()))
@@ -433,25 +426,7 @@ def test_a_sync_run_learns_bitwise_the_same_parameters_over_the_broker_and_share
     params = {}
     for plane in ("broker", "shm"):
         run_dir = tmp_path / plane
-        result = invoke(
-            "run",
-            "--agents",
-            2,
-            "--topology",
-            "ring",
-            "--data-plane",
-            plane,
-            "--total-frames",
-            4000,
-            "--seed",
-            7,
-            "--run-dir",
-            run_dir,
-            "--no-progress",
-            "--stop-at-return",
-            "none",
-        )
-        assert result.exit_code == 0, result.output
+        _ring_of_2(run_dir, plane, 4000, "--seed", 7)
         params[plane] = [torch.load(run_dir / f"agent-{r}" / "checkpoint.pt")["model"] for r in range(2)]
     for rank, (over_broker, over_shm) in enumerate(zip(params["broker"], params["shm"])):
         assert over_broker.keys() == over_shm.keys()
