@@ -1,7 +1,9 @@
 #!/bin/sh
 # The CPU studies behind RESULTS.md, most important cells first, each resumable (re-run this
 # script after an interruption: finished cells are kept). Then RESULTS.md from whatever finished.
-# nice -n 19: the studies yield the cores to anything else on the machine.
+# nice -n 19: the studies yield the cores to other work of their session. Where the kernel groups
+# processes by session (autogroup: /proc/sys/kernel/sched_autogroup_enabled is 1, as on this VM),
+# another session's jobs get no more than an equal share beside them, whatever its nice.
 set -e
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
