@@ -46,7 +46,6 @@ from gossiprl.rl.agent import AgentConfig
 from gossiprl.rl.consensus import evaluate_consensus
 from gossiprl.rl.envs import is_minatar
 from gossiprl.rl.learners import LEARNERS
-from gossiprl.settings import NO_GOSSIP
 
 QUICK_ENV = "CartPole-v1"
 REAL_ENV = "MinAtar/Breakout-v1"
@@ -90,12 +89,14 @@ def score_bounds(env_id: str, rows: list[dict]) -> tuple[tuple[float, float], st
 
 
 PLANE = "shm" if sys.platform == "linux" else "broker"
-"""The data plane cells run on (Cell.plane). On one host shared memory spares the broker two copies
-of every letter: a sync ring of 4 on MinAtar Breakout trained 1.2x the frames/s it did through the
-broker on this 2-core VM (4,298 and 4,254 against 3,524 and 3,666 in interleaved runs), and the plane
-changes nothing a sync swarm learns: its parameters come out bitwise the same (a test in
-tests/integration/comms/test_dataplane.py). So the plane is not in a cell's fingerprint, and a cell
-run through the broker is reused. An async swarm's letters depend on timing on either plane."""
+"""The data plane sync cells run on (Cell.plane). On one host shared memory spares the broker two
+copies of every letter: a sync ring of 4 on MinAtar Breakout trained 1.2x the frames/s it did through
+the broker on this 2-core VM (4,298 and 4,254 against 3,524 and 3,666 in interleaved runs), and in sync
+mode the plane changes nothing a swarm learns: the turn locks fix every round's letters, and the
+parameters come out bitwise the same (a test in tests/integration/comms/test_dataplane.py). So the
+plane is not in a cell's fingerprint, and a sync cell run through the broker is reused. Async cells
+stay on the broker: there a shared-memory reader mixes its writer's newest letter where the broker
+hands it the oldest unread one, a different staleness, which the ordering study measures."""
 
 
 @dataclass
@@ -121,8 +122,9 @@ class Cell:
     """Runs the swarm some other way than ``launch.run`` (agents in network namespaces): gets the
     cell, the agents' config and the run dir, returns (each agent's summary, wall-clock seconds)."""
     plane: str | None = PLANE
-    """The data plane a gossiping swarm runs on in place of its SwarmConfig's; None runs the
-    SwarmConfig's (the layout study's one-host arm relays through the broker, as PALA's cluster did)."""
+    """The data plane a sync gossiping swarm runs on where its SwarmConfig leaves the broker's
+    default (``ran_swarm``); None runs the SwarmConfig's (the layout study's one-host arm relays
+    through the broker, as PALA's cluster did)."""
 
     @property
     def key(self) -> str:
@@ -223,10 +225,11 @@ def shared_row(cell: Cell, shared: Path, fingerprint: str) -> dict | None:
 
 
 def ran_swarm(cell: Cell) -> launch.SwarmConfig:
-    """The swarm ``cell`` runs: its SwarmConfig with its budget, on ``cell.plane`` where it gossips
-    (a swarm without gossip has no broker, and would warn that a plane was given for nothing)."""
+    """The swarm ``cell`` runs: its SwarmConfig with its budget, on ``cell.plane`` where that learns
+    what the broker plane would (PLANE): a sync swarm that gossips and names no plane of its own."""
     swarm = replace(cell.swarm, total_frames=cell.total_frames)
-    return replace(swarm, data_plane=cell.plane) if cell.plane and swarm.topology != NO_GOSSIP else swarm
+    same_run = swarm.gossips and swarm.mode == "sync" and swarm.data_plane == "broker"
+    return replace(swarm, data_plane=cell.plane) if cell.plane and same_run else swarm
 
 
 def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
@@ -418,7 +421,7 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         "n_steps": hp.n_steps,  # the cell's learner's: PPO's 128-step rollouts, IMPALA's 20-step unrolls
         "num_envs": hp.num_envs,
         "gossip_every": cell.gossip_every,
-        "data_plane": None if swarm.topology == NO_GOSSIP else swarm.data_plane,
+        "data_plane": swarm.data_plane if swarm.gossips else None,
         "frames": int(sum(s["frames"] for s in summaries)),
         "steps_per_update": steps_per_update(hp),
         "timed_frames": float(np.mean([s["fps"] * s["wall_seconds"] for s in summaries])),

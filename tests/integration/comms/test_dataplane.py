@@ -426,7 +426,9 @@ def test_a_sync_run_learns_bitwise_the_same_parameters_over_the_broker_and_share
     params = {}
     for plane in ("broker", "shm"):
         run_dir = tmp_path / plane
-        _ring_of_2(run_dir, plane, 4000, "--seed", 7)
+        _ring_of_2(run_dir, plane, 4000, "--seed", 7, "--log-every", 5)
+        rows = list(csv.DictReader((run_dir / "agent-0" / "metrics.csv").open()))
+        assert any(float(row["gossip/peers"]) == 1.0 for row in rows), f"over {plane}: no letter was ever mixed"
         params[plane] = [torch.load(run_dir / f"agent-{r}" / "checkpoint.pt")["model"] for r in range(2)]
     for rank, (over_broker, over_shm) in enumerate(zip(params["broker"], params["shm"])):
         assert over_broker.keys() == over_shm.keys()

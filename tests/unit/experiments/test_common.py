@@ -1,14 +1,17 @@
 """Where a study writes when it is not told: never into the committed experiments/results/."""
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import click
 import pytest
 
-from experiments.common import fresh_out, parse_seeds
+from experiments.common import PLANE, Cell, cell_fingerprint, fresh_out, parse_seeds, ran_swarm
 from experiments.study import RESULTS
+from gossiprl.launch import SwarmConfig
 from gossiprl.rl.a2c import ATARI_LR
+from gossiprl.settings import NO_GOSSIP
 
 
 def test_a_run_without_out_gets_a_fresh_directory_outside_the_committed_results():
@@ -204,20 +207,22 @@ def test_seeds_that_are_not_whole_numbers_get_a_one_line_error():
             parse_seeds(given)
 
 
-def test_cells_gossip_over_shared_memory_and_are_named_as_through_the_broker():
-    """The plane changes nothing a sync swarm learns (a test in test_dataplane.py), so a cell runs
-    on the faster one and keeps the fingerprint its broker-plane run had: reused either way."""
-    from dataclasses import replace
-
-    from experiments.common import PLANE, Cell, cell_fingerprint, ran_swarm
-    from gossiprl.launch import SwarmConfig
-    from gossiprl.settings import NO_GOSSIP
-
+def test_sync_cells_gossip_over_shared_memory_and_are_named_as_through_the_broker():
+    """The plane changes nothing a sync swarm learns (a test in test_dataplane.py), so a sync cell
+    runs on the faster one and keeps the fingerprint its broker-plane run had: reused either way.
+    An async one does not: its reader mixes the newest letter over shared memory, the oldest unread
+    one through the broker."""
     ring = Cell("ring", 1, 4, 4_000_000, SwarmConfig(agents=4, topology="ring"))
     assert ring.swarm.data_plane == "broker" and ran_swarm(ring).data_plane == PLANE
     assert ran_swarm(ring).total_frames == 4_000_000
     as_declared = replace(ring, plane=None)
     assert ran_swarm(as_declared).data_plane == "broker"
     assert cell_fingerprint(ring, "MinAtar/Breakout-v1", 10) == cell_fingerprint(as_declared, "MinAtar/Breakout-v1", 10)
-    alone = Cell("none", 1, 4, 4_000_000, SwarmConfig(agents=4, topology=NO_GOSSIP))
-    assert ran_swarm(alone).data_plane == "broker"  # no broker to carry anything: no plane to warn about
+    for swarm in (
+        SwarmConfig(agents=4, topology="ring", mode="async", max_staleness=1),
+        SwarmConfig(agents=4, topology=NO_GOSSIP),
+        SwarmConfig(agents=1, topology=None),
+    ):
+        assert ran_swarm(replace(ring, swarm=swarm)).data_plane == "broker", swarm
+    direct = SwarmConfig(agents=4, topology="ring", data_plane="direct")
+    assert ran_swarm(replace(ring, swarm=direct)).data_plane == "direct"  # a plane the cell names is its own
