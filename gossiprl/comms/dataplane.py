@@ -534,7 +534,7 @@ class Fetcher:
         while monitor.poll(0):
             if parse_monitor_message(monitor.recv_multipart())["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._reached.add(endpoint)
-            else:
+            elif endpoint in self._reached:  # refused connects before the writer first answered are not hang-ups
                 self._drops[endpoint] += 1
         return self._drops[endpoint]
 
@@ -565,9 +565,10 @@ class Fetcher:
                 continue
             pending[seq] = (rank, ref["endpoint"], specs, drops)
         endpoints = {e for _, e, _, _ in pending.values()}
+        of_sock = {self._socks[e][0]: e for e in endpoints}
         poller = zmq.Poller()
-        for endpoint in endpoints:
-            poller.register(self._socks[endpoint][0], zmq.POLLIN)
+        for sock in of_sock:
+            poller.register(sock, zmq.POLLIN)
 
         def take(sock: zmq.Socket) -> None:
             frames = sock.recv_multipart(copy=False)
@@ -575,30 +576,30 @@ class Fetcher:
                 reply = _parse(frames[0])
             except wire.WireError:
                 return
-            entry = pending.pop(reply["seq"], None)
-            if entry is None:  # the answer to a request we gave up on
+            entry = pending.get(reply["seq"])
+            if entry is None or entry[1] != of_sock[sock]:  # given up on, or another writer's FETCH
                 return
-            rank, _, specs, _ = entry
+            rank, _, specs, _ = pending.pop(reply["seq"])
             if reply.get("ok") is True and len(frames) == 2 and len(frames[1]) == layout(specs)[1]:
                 got[rank] = split_payload(frames[1].buffer, specs)
             else:
                 lost["overwritten"].append(rank)
 
-        def hung_up() -> list[int]:
-            """The pending FETCHes whose writer hung up since they left. The monitor is read before
-            the sockets: a reply that came before the drop is in its socket by then, and is taken."""
+        def drop_hung_up() -> None:
+            """Give up the pending FETCHes whose writer hung up since they left. The monitor is read
+            before the sockets: a reply that came before the drop is in its socket by then, and is taken."""
             now = {e: self._dropped(e) for e in endpoints}
-            hung = [seq for seq, (_, e, _, drops) in pending.items() if e in self._reached and now[e] > drops]
-            for endpoint in endpoints:
-                sock = self._socks[endpoint][0]
+            hung = [seq for seq, (_, e, _, drops) in pending.items() if now[e] > drops]
+            for sock in of_sock:
                 while sock.poll(0):
                     take(sock)
-            return [seq for seq in hung if seq in pending]
+            for seq in hung:
+                if seq in pending:
+                    lost["hung-up"].append(pending.pop(seq)[0])
 
         start = time.monotonic()
         while pending:
-            for seq in hung_up():
-                lost["hung-up"].append(pending.pop(seq)[0])
+            drop_hung_up()
             if not pending:
                 break
             reached = all(e in self._reached for _, e, _, _ in pending.values())
@@ -606,8 +607,7 @@ class Fetcher:
                 break
             for sock, _ in poller.poll(100):
                 take(sock)
-        for seq in hung_up():
-            lost["hung-up"].append(pending.pop(seq)[0])
+        drop_hung_up()
         for rank, endpoint, _, _ in pending.values():
             lost["slow" if endpoint in self._reached else "unreachable"].append(rank)
         for endpoint in {e for _, e, _, _ in pending.values()} | {wanted[r][0]["endpoint"] for r in lost["hung-up"]}:

@@ -331,6 +331,10 @@ def _fake_server(behaviour):
                     sock.send_multipart([identity, head("LETTER", seq=seq, ok=True), b"\0" * (64 * MIB)])
                 if behaviour == "leaves":
                     break
+                if behaviour == "answers-for-the-next":  # a reply to the FETCH the reader sent another writer
+                    seq = msgpack.unpackb(request)["seq"] + 1
+                    forged = b"\7" * dataplane.layout(SPECS)[1]
+                    sock.send_multipart([identity, head("LETTER", seq=seq, ok=True), forged])
         sock.close(linger=0)
 
     thread = threading.Thread(target=serve, daemon=True)
@@ -381,6 +385,29 @@ def test_a_reader_whose_writer_leaves_with_its_fetch_pending_drops_that_letter_a
         plane.close()
         stop.set()
         thread.join(5)
+
+
+@pytest.mark.timeout(30)
+def test_a_writer_cannot_answer_the_fetch_sent_to_another():
+    """Replies were matched by their seq alone, which counts up across writers: a writer could
+    answer the FETCH its reader had just sent another writer, and its bytes were mixed as that
+    writer's letter. A reply now counts only from the connection its FETCH went to."""
+    forger, stop_forger, forging = _fake_server("answers-for-the-next")
+    staller, stop_staller, stalling = _fake_server("stalls")
+    plane = AgentPlane("direct", "tcp://127.0.0.1:1", "sync", fetch_timeout=0.2)
+    plane.fetcher.patience = 1.5
+    entries = [
+        {"rank": r, "ref": {"endpoint": e, "slot": 0, "version": 2}, "specs": SPECS}
+        for r, e in ((1, forger), (2, staller))
+    ]
+    try:
+        assert plane.receive(Message("DELIVER", {"messages": entries})) == {}
+        assert plane.counts["slow"] == 2 and plane.counts["direct"] == 0, plane.counts
+    finally:
+        plane.close()
+        for stop, thread in ((stop_forger, forging), (stop_staller, stalling)):
+            stop.set()
+            thread.join(5)
 
 
 # ---------------------------------------------------------------- D. the metrics endpoint
