@@ -187,6 +187,7 @@ def study_section(folder: str, results: Path) -> list[str]:
             "stopped: per frame they stand (only the episodes in progress at the stop restarted), but their "
             "wall-clock and frames/s add sessions under different machine load.",
         ]
+    lines += plane_lines(rows)
     if not rows:
         return lines + [""]
     finish(as_run, out, rows, settings, meta["env"], meta["threshold"])
@@ -226,8 +227,31 @@ def study_section(folder: str, results: Path) -> list[str]:
     lines += claims.equal_total_lines(name, arms, bounds)
     lines += iqm_lines(arms, settings, bounds, frames_per_agent)
     lines += claims.comparison_lines(name, arms, settings, frames_per_agent, tuple(stale))
-    lines += [f"- Fastest in frames/s: **{max(table.values(), key=lambda e: e['fps'])['setting']}**."]
+    today = [e for e in table.values() if e["setting"] not in stale] or list(table.values())
+    lines += [
+        f"- Fastest in frames/s: **{max(today, key=lambda e: e['fps'])['setting']}**"
+        + (" (of the settings run today)." if len(today) < len(table) else ".")
+    ]
     return lines + time_split_lines(rows, settings) + [""]
+
+
+def plane_lines(rows: list[dict]) -> list[str]:
+    """Which data plane the gossiping cells ran on, where they did not all run on one: per frame a
+    sync cell learns the same on either, its wall-clock and frames/s do not compare across them.
+    Rows from before the plane was recorded ran through the broker where they gossiped at all."""
+    planes: dict[str, list[str]] = {}
+    for r in rows:
+        plane = r["data_plane"] if "data_plane" in r else "broker" if r.get("gossip_share") else None
+        if plane is not None:
+            planes.setdefault(plane, []).append(f"{r['setting']} seed {r['seed']}")
+    if len(planes) < 2:
+        return []
+    said = "; ".join(f"over {p}: {', '.join(cells)}" for p, cells in sorted(planes.items()))
+    return [
+        "",
+        f"**Data planes.** The gossiping cells ran on more than one ({said}). Per frame a sync cell learns "
+        "bitwise the same on either; their wall-clock, frames/s and time split do not compare across planes.",
+    ]
 
 
 def by_seed(rows: list[dict], setting: str) -> np.ndarray:

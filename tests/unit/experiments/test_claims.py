@@ -263,3 +263,17 @@ def test_gossiprls_ppo_is_read_against_sb3s_ppo_at_the_same_frames():
     longer = {**frames, "SB3 PPO": 5_000_000}
     (line, _) = make_results.same_algorithm_lines({make_results.GOSSIPRL_PPO: seeds, "SB3 PPO": seeds}, longer)
     assert line == "- SB3 PPO ran 5,000,000 frames, gossiprl's PPO 1,000,000: not compared."
+
+
+def test_a_study_whose_cells_gossiped_over_two_planes_says_which_ran_where():
+    """Sync cells now run over shared memory and reuse broker-plane runs: the same per frame, not in
+    wall-clock. Rows from before the plane was recorded gossiped through the broker, if at all."""
+    rows = [
+        {"setting": "ring", "seed": 1, "gossip_share": 0.3},
+        {"setting": "ring", "seed": 2, "gossip_share": 0.3, "data_plane": "shm"},
+        {"setting": "none", "seed": 1, "gossip_share": 0.0},
+        {"setting": "none", "seed": 2, "gossip_share": 0.0, "data_plane": None},
+    ]
+    (_, line) = make_results.plane_lines(rows)
+    assert "(over broker: ring seed 1; over shm: ring seed 2)" in line and "none" not in line
+    assert make_results.plane_lines(rows[1:]) == []
