@@ -137,6 +137,11 @@ def test_progress_line_before_the_first_episode_says_so_not_nan(capsys):
     assert _postfix(progress).startswith("return 13.0 ")
 
 
+def _rows(metrics) -> int:
+    """The rows a metrics.csv holds so far (0 while it does not exist or has only its header)."""
+    return max(0, len(metrics.read_text().splitlines()) - 1) if metrics.exists() else 0
+
+
 @pytest.mark.timeout(120)
 def test_an_interrupted_agent_checkpoints_and_exits_128_plus_the_signal(tmp_path):
     """Ctrl-C used to end `gossiprl agent` with 0, as if it had finished its budget. Rank 0 gets SIGINT and
@@ -170,8 +175,10 @@ def test_an_interrupted_agent_checkpoints_and_exits_128_plus_the_signal(tmp_path
         }
         try:
             for rank, agent in agents.items():
-                started = (tmp_path / f"agent-{rank}" / "metrics.csv").exists
-                wait_for(started, 90, f"agent-{rank} never started training", process=agent)
+                # its first row, not the file: metrics.csv is opened before the first update, and an agent
+                # stopped before that has learned nothing, so it rightly writes no checkpoint
+                metrics = tmp_path / f"agent-{rank}" / "metrics.csv"
+                wait_for(lambda m=metrics: _rows(m) >= 1, 90, f"agent-{rank} never logged an update", process=agent)
             for rank, agent in agents.items():
                 agent.send_signal(signals[rank])
             outputs = {rank: agent.communicate(timeout=60)[0] for rank, agent in agents.items()}
