@@ -370,9 +370,10 @@ BATCH_GAIN = {
 }
 
 
-def equal_total_lines(name: str, arms: Arms, bounds: tuple[float, float]) -> list[str]:
+def equal_total_lines(name: str, arms: Arms, bounds: tuple[float, float], stale: tuple[str, ...] = ()) -> list[str]:
     """The swarm against one agent given the whole swarm's frames, and why it falls where it does:
-    the swarm's mean moves like one learner with an n-fold batch, not like n learners' steps."""
+    the swarm's mean moves like one learner with an n-fold batch, not like n learners' steps. As in
+    comparison_lines, arms whose cells are older runs (``stale``) are not set against today's."""
     equal = EQUAL_TOTAL.get(name)
     if equal is None:
         return []
@@ -380,6 +381,9 @@ def equal_total_lines(name: str, arms: Arms, bounds: tuple[float, float]) -> lis
     missing = [s for s in (swarm, one, total) if not arms.seeds(s)]
     if missing:
         return [f"- At equal total frames: not measured here (no finished cell of {', '.join(missing)})."]
+    older = [s for s in (swarm, one, total) if s in stale]
+    if older and len(older) < 3:
+        return [f"- At equal total frames: not compared, the cells of {', '.join(older)} are older runs (above)."]
     row = {s: next(r for r in arms.rows if r["setting"] == s) for s in (swarm, one, total)}
     n, batch = row[swarm]["agents"], row[swarm]["n_steps"] * row[swarm]["num_envs"]
     against_total = arms.improvement(swarm, total, "frames")

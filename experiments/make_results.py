@@ -224,7 +224,7 @@ def study_section(folder: str, results: Path) -> list[str]:
     frames_per_agent = bool(meta.get("frames_per_agent"))
     lines += ["**What the data says.**", ""]
     lines += claims.claim_lines(name, arms, bounds, frames_per_agent, tuple(stale))
-    lines += claims.equal_total_lines(name, arms, bounds)
+    lines += claims.equal_total_lines(name, arms, bounds, tuple(stale))
     lines += iqm_lines(arms, settings, bounds, frames_per_agent)
     lines += claims.comparison_lines(name, arms, settings, frames_per_agent, tuple(stale))
     today = [e for e in table.values() if e["setting"] not in stale] or list(table.values())

@@ -98,6 +98,15 @@ def test_the_equal_total_gap_is_explained_by_steps_only_where_there_is_one():
     )
 
 
+def test_the_equal_total_comparison_sets_no_older_run_against_todays():
+    one, ring, total = [[5.8], [6.0], [6.2], [5.9], [6.1]], [[6.0, 6.2, 6.4, 6.6]] * 5, [[16.0]] * 5
+    arms = claims.Arms(None, rows({EQUAL.one: one, EQUAL.swarm: ring, TOTAL: total}))
+    (line,) = claims.equal_total_lines("swarm_vs_one", arms, BOUNDS, stale=(TOTAL,))
+    assert line == f"- At equal total frames: not compared, the cells of {TOTAL} are older runs (above)."
+    every = claims.equal_total_lines("swarm_vs_one", arms, BOUNDS, stale=(TOTAL, EQUAL.one, EQUAL.swarm))
+    assert "outside that arm's interval" in every[0]
+
+
 def test_a_study_with_no_recorded_claim_gets_no_verdict_rather_than_an_error():
     arms = claims.Arms(None, rows({ONE: [[5.8], [6.0], [6.2]]}))
     assert "no verdict" in claims.claim_lines("a_study_without_a_claim", arms, BOUNDS, frames_per_agent=True)[0]
