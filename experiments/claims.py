@@ -372,8 +372,9 @@ BATCH_GAIN = {
 
 def equal_total_lines(name: str, arms: Arms, bounds: tuple[float, float], stale: tuple[str, ...] = ()) -> list[str]:
     """The swarm against one agent given the whole swarm's frames, and why it falls where it does:
-    the swarm's mean moves like one learner with an n-fold batch, not like n learners' steps. As in
-    comparison_lines, arms whose cells are older runs (``stale``) are not set against today's."""
+    the swarm's mean moves like one learner with an n-fold batch, not like n learners' steps. Where
+    some of its three arms' cells are older runs (``stale``) and some are today's, nothing is compared:
+    the explanation reads all three together."""
     equal = EQUAL_TOTAL.get(name)
     if equal is None:
         return []
@@ -381,8 +382,9 @@ def equal_total_lines(name: str, arms: Arms, bounds: tuple[float, float], stale:
     missing = [s for s in (swarm, one, total) if not arms.seeds(s)]
     if missing:
         return [f"- At equal total frames: not measured here (no finished cell of {', '.join(missing)})."]
-    older = [s for s in (swarm, one, total) if s in stale]
-    if older and len(older) < 3:
+    arms_here = (swarm, one, total)
+    older = [s for s in arms_here if s in stale]
+    if older and len(older) < len(arms_here):
         return [f"- At equal total frames: not compared, the cells of {', '.join(older)} are older runs (above)."]
     row = {s: next(r for r in arms.rows if r["setting"] == s) for s in (swarm, one, total)}
     n, batch = row[swarm]["agents"], row[swarm]["n_steps"] * row[swarm]["num_envs"]
