@@ -190,7 +190,7 @@ def study_section(folder: str, results: Path) -> list[str]:
     lines += plane_lines(rows)
     if not rows:
         return lines + [""]
-    finish(as_run, out, rows, settings, meta["env"], meta["threshold"])
+    finish(as_run, out, rows, settings, meta["env"], meta["threshold"], older)
     table = {e["setting"]: e for e in aggregate(rows, settings, METRICS)}
     bounds, bounds_said = score_bounds(meta["env"], rows)
     arms = claims.Arms(out, rows)
@@ -238,10 +238,11 @@ def study_section(folder: str, results: Path) -> list[str]:
 def plane_lines(rows: list[dict]) -> list[str]:
     """Which data plane the gossiping cells ran on, where they did not all run on one: per frame a
     sync cell learns the same on either, its wall-clock and frames/s do not compare across them.
-    Rows from before the plane was recorded ran through the broker where they gossiped at all."""
+    Rows from before the plane was recorded ran through the broker where they gossiped at all, which
+    their mixing time tells (their gossip share is not 0 without gossip: it times the empty hook)."""
     planes: dict[str, list[str]] = {}
     for r in rows:
-        plane = r["data_plane"] if "data_plane" in r else "broker" if r.get("gossip_share") else None
+        plane = r.get("data_plane") or ("broker" if r.get("mix_s") else None)
         if plane is not None:
             planes.setdefault(plane, []).append(f"{r['setting']} seed {r['seed']}")
     if len(planes) < 2:

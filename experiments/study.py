@@ -168,7 +168,8 @@ def command(study: Study) -> click.Command:
         run_study(now, out, env_id, threshold, eval_episodes or default_eval_episodes(quick), echo=click.echo)
         # every planned cell finished so far, this run's or an earlier one's: a window that ran some
         # settings must not trim the tables and the figure to them
-        finish(study, out, shown_rows(out, cells, env_id)[0], settings, env_id, threshold)
+        rows, older, _ = shown_rows(out, cells, env_id)
+        finish(study, out, rows, settings, env_id, threshold, older)
 
     return main
 
@@ -247,13 +248,20 @@ def planned_cells(study: Study, quick: bool, frames: int, seeds: list[int]) -> t
 
 
 def finish(
-    study: Study, out: Path, rows: list[dict], settings: list[str], env_id: str, threshold: float | None
+    study: Study,
+    out: Path,
+    rows: list[dict],
+    settings: list[str],
+    env_id: str,
+    threshold: float | None,
+    older: set = frozenset(),
 ) -> None:
-    """Tables and the figure from whatever cells exist (resumed or partial studies included)."""
+    """Tables and the figure from whatever cells exist (resumed or partial studies included); ``older``,
+    the keys of cells that are older runs."""
     from experiments.figures import study_figure
     from experiments.untrained import untrained_score
 
-    add_equal_wall_score(out, rows)
+    add_equal_wall_score(out, rows, older)
     write_csv(out / "results.csv", rows)
     table = aggregate(rows, settings, METRICS)
     write_csv(out / "summary.csv", table)
@@ -280,17 +288,20 @@ def finish(
     click.echo(f"tables in {out / 'summary.csv'} and {out / 'results.csv'}, figure {out / 'figure.png'}")
 
 
-def add_equal_wall_score(out: Path, rows: list[dict]) -> None:
+def add_equal_wall_score(out: Path, rows: list[dict], older: set = frozenset()) -> None:
     """Each cell's score (mean of its agents' last-100 means) after T seconds of training, T being
     the shortest of the settings' median training times: the equal-time comparison. A cell that
     finished its frames before T keeps its final score (the budget was spent). The median over
     seeds, not the single fastest cell, because other jobs on the shared cores make a lone cell
-    fast or slow."""
+    fast or slow. Cells that are older runs (keys in ``older``) set T only where no cell is today's:
+    a study part-way through a 10x budget had T = 11 s from its older cells, before a 1M-frame cell
+    logged its first point."""
     if not rows:
         return
     curves = {cell_key(r["setting"], r["seed"]): read_curves(out, cell_key(r["setting"], r["seed"])) for r in rows}
     ends: dict[str, list[float]] = {}
-    for r in rows:
+    today = [r for r in rows if cell_key(r["setting"], r["seed"]) not in older] or rows
+    for r in today:
         points = curves[cell_key(r["setting"], r["seed"])]
         if points:
             ends.setdefault(r["setting"], []).append(max(c["wall_s"] for c in points))

@@ -8,7 +8,7 @@ there is one. The SB3 reference section (experiments/make_results.py) reads P(X 
 import numpy as np
 import pytest
 
-from experiments import claims, make_results, swarm_vs_one
+from experiments import claims, make_results, study, swarm_vs_one
 from experiments.common import cell_key
 
 ONE, RING = "1 agent", "ring of 4"
@@ -278,11 +278,27 @@ def test_a_study_whose_cells_gossiped_over_two_planes_says_which_ran_where():
     """Sync cells now run over shared memory and reuse broker-plane runs: the same per frame, not in
     wall-clock. Rows from before the plane was recorded gossiped through the broker, if at all."""
     rows = [
-        {"setting": "ring", "seed": 1, "gossip_share": 0.3},
-        {"setting": "ring", "seed": 2, "gossip_share": 0.3, "data_plane": "shm"},
-        {"setting": "none", "seed": 1, "gossip_share": 0.0},
-        {"setting": "none", "seed": 2, "gossip_share": 0.0, "data_plane": None},
+        {"setting": "ring", "seed": 1, "gossip_share": 0.3, "mix_s": 9.0},
+        {"setting": "ring", "seed": 2, "gossip_share": 0.3, "mix_s": 9.0, "data_plane": "shm"},
+        {"setting": "1 agent", "seed": 1, "gossip_share": 0.0001, "mix_s": 0.0},  # timing the empty hook
+        {"setting": "none", "seed": 2, "gossip_share": 0.0001, "mix_s": 0.0, "data_plane": None},
     ]
     (_, line) = make_results.plane_lines(rows)
-    assert "(over broker: ring seed 1; over shm: ring seed 2)" in line and "none" not in line
+    assert "(over broker: ring seed 1; over shm: ring seed 2)" in line and "1 agent" not in line and "none" not in line
     assert make_results.plane_lines(rows[1:]) == []
+
+
+def test_the_equal_wall_clock_is_set_by_todays_cells_not_by_older_shorter_ones(tmp_path):
+    """A study part-way through a 10x budget had T = 11 s from its older cells: earlier than a 1M-frame
+    cell's first point, so today's cells had no score there."""
+    (tmp_path / "curves").mkdir()
+    ends = {"today": 600.0, "older": 11.0}
+    for setting, end in ends.items():
+        with open(tmp_path / "curves" / f"{cell_key(setting, 1)}.csv", "w") as f:
+            f.write("agent,frames,wall_s,mean_return_100,wait_s,mix_s\n")
+            f.write(f"0,1000,{end / 2},1.0,0,0\n0,2000,{end},2.0,0,0\n")
+    rows = [{"setting": setting, "seed": 1, "agents": 1} for setting in ends]
+    study.add_equal_wall_score(tmp_path, rows, older={cell_key("older", 1)})
+    assert [r["equal_wall_s"] for r in rows] == [600.0, 600.0] and rows[0]["score_at_equal_wall"] == 2.0
+    study.add_equal_wall_score(tmp_path, rows)
+    assert rows[0]["equal_wall_s"] == 11.0 and rows[0]["score_at_equal_wall"] is None
