@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from experiments.common import (
     swarm_curve,
     write_csv,
 )
+from gossiprl.cli import interrupted_status, stop_on_sigterm
 from gossiprl.rl.envs import env_spec
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -165,7 +167,13 @@ def command(study: Study) -> click.Command:
             + (f"; seeds {', '.join(map(str, seed_list))} now" if planned != seed_list else "")
         )
         now = run_now([c for c in cells if c.seed in seed_list], max_agents, max_frames_per_agent, only)
-        run_study(now, out, env_id, threshold, eval_episodes or default_eval_episodes(quick), echo=click.echo)
+        stop_on_sigterm()  # a scheduler's kill: the cell in progress checkpoints, as on Ctrl-C
+        try:
+            run_study(now, out, env_id, threshold, eval_episodes or default_eval_episodes(quick), echo=click.echo)
+        except KeyboardInterrupt:
+            resume = rerun_command(study.name, quick, given_env, given_frames, seeds, eval_episodes, out)
+            click.echo(f"{study.name} stopped: `{resume}` goes on, from the cell it cut", err=True)
+            sys.exit(interrupted_status())
         # every planned cell finished so far, this run's or an earlier one's: a window that ran some
         # settings must not trim the tables and the figure to them
         rows, older, _ = shown_rows(out, cells, env_id)

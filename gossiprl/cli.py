@@ -109,7 +109,7 @@ def broker(ctx, **_):
     b = _start_broker(cfg, topo, ctx.params)
     listener = _stats_listener(b, cfg)  # a port in use stops the broker before it prints or serves anything
     stats_server = None
-    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill stops it as Ctrl-C does, and exits 143
+    stop_on_sigterm()  # a scheduler's kill stops it as Ctrl-C does, and exits 143
     status = 0
     try:
         b.start()  # before the banner: a signal sent once it is printed finds the broker serving
@@ -120,7 +120,7 @@ def broker(ctx, **_):
         stats_server = _serve_stats(b, cfg, listener)
         _serve(b, cfg, topo.n, as_json=cfg.stats_json or ctx.find_root().params["verbose"] > 0)
     except KeyboardInterrupt:
-        status = _interrupted_status(_signals_received[0] if _signals_received else signal.SIGINT)
+        status = interrupted_status()
     finally:
         if stats_server is not None:
             stats_server.close()
@@ -687,7 +687,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
         + (f"; stops at mean return {swarm.stop_at_return}" if swarm.stop_at_return is not None else "")
     )
     click.echo(threads_line(replace(cfg, agents_per_host=swarm.agents), gossips=swarm.gossips))
-    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill gets the same clean stop as Ctrl-C
+    stop_on_sigterm()  # a scheduler's kill gets the same clean stop as Ctrl-C
     try:
         summary = launch.run(
             swarm,
@@ -708,7 +708,7 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
             click.echo(f"agent-{rank} failed: {why}", err=True)
         sys.exit(1)
     if summary["stopped_by"] == "interrupted":
-        sys.exit(_interrupted_status(_signals_received[0] if _signals_received else signal.SIGINT))
+        sys.exit(interrupted_status())
 
 
 def threads_line(cfg, gossips: bool) -> str:
@@ -781,20 +781,28 @@ def end_lines(summary: dict, run_dir: Path) -> list[str]:
     return lines
 
 
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (a scheduler's kill: scancel, docker stop, kill) stop this process as Ctrl-C does:
+    it raises KeyboardInterrupt, which ``launch.run`` answers by having its agents checkpoint and stop.
+    ``interrupted_status`` then names the signal. The experiments' studies use it too."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def interrupted_status(signum: int | None = None) -> int:
+    """128 + the signal, as a shell reports a process the signal ended: ``signum``, else the first that
+    stop_on_sigterm caught, else SIGINT. 130 for Ctrl-C, 143 for SIGTERM, so a scheduler or script tells
+    a stopped run from a finished one (0) or a failed one (1) though the process caught the signal to
+    checkpoint."""
+    return 128 + (signum if signum is not None else _caught[0] if _caught else signal.SIGINT)
+
+
 def _interrupt(signum, frame):
-    _signals_received.append(signum)
+    _caught.append(signum)
     raise KeyboardInterrupt
 
 
-_signals_received: list[int] = []
-"""Signals that stopped `gossiprl run`: its exit status names the first one."""
-
-
-def _interrupted_status(signum: int) -> int:
-    """128 + the signal, as a shell reports a process the signal ended: 130 for Ctrl-C, 143 for
-    SIGTERM (scancel, docker stop, kill), so a scheduler or script tells a stopped run from a
-    finished one (0) or a failed one (1) even though the process caught the signal to checkpoint."""
-    return 128 + signum
+_caught: list[int] = []
+"""Signals stop_on_sigterm turned into KeyboardInterrupt, the first first."""
 
 
 @main.command()
@@ -851,11 +859,11 @@ def agent(ctx, config_file, **_):
     except (launch.RunError, FileNotFoundError, CheckpointError) as err:
         if received:  # stopped while waiting for the broker: say so, and exit as interrupted
             click.echo(str(err), err=True)
-            sys.exit(_interrupted_status(received[0]))
+            sys.exit(interrupted_status(received[0]))
         raise click.ClickException(str(err)) from None
     _agent_done(rank, summary)
     if received:
-        sys.exit(_interrupted_status(received[0]))
+        sys.exit(interrupted_status(received[0]))
 
 
 ACTOR_SETTINGS = config.Settings(
@@ -909,14 +917,14 @@ def actor(ctx, **_):
         )
     except (LearnerGone, ValueError, OSError) as err:
         if received:  # a signal while it joined or waited: the signal's status, as for any stop
-            sys.exit(_interrupted_status(received[0]))
+            sys.exit(interrupted_status(received[0]))
         if isinstance(err, LearnerLost):
             click.echo(f"actor lost its learner: {err}", err=True)
             sys.exit(DROPPED_STATUS)
         raise click.ClickException(str(err)) from None
     click.echo(f"actor done: {unrolls:,} unrolls sent" + (f"; its learner said: {said}" if said else ""))
     if received:
-        sys.exit(_interrupted_status(received[0]))
+        sys.exit(interrupted_status(received[0]))
     if said not in (None, LEARNER_DONE):  # dropped, and told so when it spoke again: start it again
         sys.exit(DROPPED_STATUS)
 

@@ -7,6 +7,8 @@ study's netns cell only where root can make network namespaces)."""
 
 import json
 import re
+import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -26,9 +28,19 @@ from experiments import (
     table1,
     topology_ablation,
 )
-from experiments.common import QUICK_ENV, Cell, cell_fingerprint, ci95, run_study, start_session, swarm_curve
+from experiments.common import (
+    QUICK_ENV,
+    Cell,
+    cell_fingerprint,
+    cell_key,
+    ci95,
+    run_study,
+    start_session,
+    swarm_curve,
+)
 from gossiprl import launch
 from gossiprl.rl.agent import AgentConfig
+from helpers import wait_for
 
 FRAMES = "8000"
 QUARTER = "2000"
@@ -250,6 +262,33 @@ def test_agents_without_gossip_resume_each_from_its_own_checkpoint_or_afresh(tmp
     went_on, afresh = summary["per_agent"][0], summary["per_agent"][1]
     assert went_on["run_wall_seconds"] > went_on["wall_seconds"]  # its first session's training counts
     assert afresh["run_wall_seconds"] == afresh["wall_seconds"]
+
+
+@pytest.mark.timeout(180)
+def test_a_study_stopped_by_sigterm_checkpoints_the_cell_it_cut_and_exits_143(tmp_path):
+    """A scheduler's kill (scancel, systemd, timeout) reaches the study's own process: it stops the
+    cell in progress as Ctrl-C does, so its agents checkpoint and the cell stays to be resumed. Before,
+    the study died at once, saying nothing, and its agents stopped only on finding their launcher gone."""
+    out = tmp_path / "study"
+    cell = cell_key("2 agents, ring", 1)
+    command = [sys.executable, "-m", "experiments.scaling", "--quick", "--seeds", "1", "--frames", "400000"]
+    study = subprocess.Popen(
+        [*command, "--only", "2 agents, ring", "--out", str(out)], stderr=subprocess.PIPE, text=True
+    )
+    metrics = [out / "runs" / cell / f"agent-{r}" / "metrics.csv" for r in (0, 1)]
+    wait_for(
+        lambda: all(m.exists() and len(m.read_text().splitlines()) > 1 for m in metrics),
+        120,
+        "the ring never logged a row",
+        process=study,
+    )
+    study.send_signal(signal.SIGTERM)
+    _, err = study.communicate(timeout=60)
+    assert study.returncode == 143, err
+    again = shlex.join(["python", "-m", "experiments.scaling", "--quick", "--frames", "400000", "--seeds", "1"])
+    assert f"scaling stopped: `{again} --out {shlex.quote(str(out))}` goes on, from the cell it cut" in err
+    assert all((out / "runs" / cell / f"agent-{r}" / "checkpoint.pt").exists() for r in (0, 1))
+    assert not (out / "cells" / f"{cell}.json").exists()  # no row: the cell is not done
 
 
 def test_study_help_runs_as_a_script():
