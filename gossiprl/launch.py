@@ -334,10 +334,11 @@ class _Reports:
     dropped (its death is noticed from its process)."""
 
     def __init__(self):
-        self._readers: list = []
+        self._readers: dict = {}
+        """rank -> the read end of its pipe."""
 
-    def add(self, reader) -> None:
-        self._readers.append(reader)
+    def add(self, rank: int, reader) -> None:
+        self._readers[rank] = reader
 
     def get(self, timeout: float) -> tuple:
         deadline = time.monotonic() + timeout
@@ -346,12 +347,27 @@ class _Reports:
             if left <= 0 or not self._readers:
                 time.sleep(max(left, 0))
                 raise queue.Empty
-            for reader in mp.connection.wait(self._readers, left):
+            for reader in mp.connection.wait(list(self._readers.values()), left):
                 try:
                     return reader.recv()
                 except EOFError:
-                    self._readers.remove(reader)
-                    reader.close()
+                    self._close(reader)
+
+    def left_by(self, rank: int) -> list[tuple]:
+        """What an agent that has exited sent and ``get`` has not yet returned: all of it is in its
+        pipe by now. Its final report may wait there behind another agent's that ``get`` took first."""
+        reader, left = self._readers.get(rank), []
+        while reader is not None and reader.poll():
+            try:
+                left.append(reader.recv())
+            except EOFError:
+                self._close(reader)
+                break
+        return left
+
+    def _close(self, reader) -> None:
+        self._readers = {rank: r for rank, r in self._readers.items() if r is not reader}
+        reader.close()
 
 
 @dataclass
@@ -425,7 +441,7 @@ class Swarm:
 
     def _start_agent(self, rank: int, curve, private_dir: str) -> None:
         reader, writer = self._ctx.Pipe(duplex=False)
-        self.reports.add(reader)
+        self.reports.add(rank, reader)
         address = self.broker.address if self.broker else None
         # An agent that gossips and has no checkpoint rejoins from its neighbours' parameters; one that
         # does not gossip (--topology none) has none to take, and starts afresh beside those that go on:
@@ -489,6 +505,9 @@ class Swarm:
     def _notice_failures(self) -> None:
         """Name each failed agent once; the broker rewires around it, or --fail-fast stops the swarm."""
         for rank, p in self.procs.items():  # killed outright (OOM, kill -9): no report comes
+            if not p.is_alive() and rank not in self.summaries and rank not in self.failures:
+                for report in self.reports.left_by(rank):
+                    self._record(*report)
             if not p.is_alive() and rank not in self.summaries and rank not in self.failures:
                 self.failures[rank] = f"process exited with code {p.exitcode} without a report"
         for rank in sorted(self.failures.keys() - self._reported):

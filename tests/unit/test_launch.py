@@ -1,5 +1,7 @@
 """gossiprl/launch.py's own logic, without starting a swarm."""
 
+import multiprocessing
+
 import pytest
 
 from gossiprl import launch
@@ -28,6 +30,35 @@ def test_a_bye_that_never_comes_costs_the_wait_and_no_more():
     swarm.broker, swarm.summaries = BrokerReadingByesLate(), {0: {}, 1: {}, 2: {}}
     swarm._await_byes(timeout=0.3)
     assert 3 <= swarm.broker.looks <= 10
+
+
+class Exited:
+    """An agent process that has ended, cleanly."""
+
+    exitcode = 0
+
+    def is_alive(self):
+        return False
+
+
+def test_an_agent_that_exited_after_its_final_report_is_not_called_failed():
+    """The launcher reads one report at a time, then looks for agents that died without one: agent-0's
+    final report waited in its pipe behind agent-1's progress while agent-0 itself had exited, and a
+    cleanly finished agent was named failed ("exited with code 0 without a report")."""
+    swarm = launch.Swarm.__new__(launch.Swarm)  # only what _notice_failures reads
+    swarm.reports, swarm.summaries, swarm.failures, swarm._reported = launch._Reports(), {}, {}, set()
+    swarm.procs, swarm.broker, swarm.echo = {0: Exited(), 1: Exited()}, None, print
+    swarm.cfg = launch.SwarmConfig(agents=2)
+    swarm.progress = launch.Progress(2)
+    pipes = {rank: multiprocessing.Pipe(duplex=False) for rank in (0, 1)}
+    for rank, (reader, _) in pipes.items():
+        swarm.reports.add(rank, reader)
+    pipes[0][1].send(("done", 0, {"frames": 4000}))
+    pipes[0][1].close()  # agent-0 reported and exited; agent-1 died without a word
+    pipes[1][1].close()
+    swarm._notice_failures()
+    assert swarm.summaries == {0: {"frames": 4000}}
+    assert swarm.failures == {1: "process exited with code 0 without a report"}
 
 
 def test_the_python_api_refuses_actor_settings_before_anything_starts(tmp_path, monkeypatch):
