@@ -170,14 +170,17 @@ def command(study: Study) -> click.Command:
         stop_on_sigterm()  # a scheduler's kill: the cell in progress checkpoints, as on Ctrl-C
         try:
             run_study(now, out, env_id, threshold, eval_episodes or default_eval_episodes(quick), echo=click.echo)
+            # every planned cell finished so far, this run's or an earlier one's: a window that ran some
+            # settings must not trim the tables and the figure to them
+            rows, older, _ = shown_rows(out, cells, env_id)
+            finish(study, out, rows, settings, env_id, threshold, older)
         except KeyboardInterrupt:
-            resume = rerun_command(study.name, quick, given_env, given_frames, seeds, eval_episodes, out)
-            click.echo(f"{study.name} stopped: `{resume}` goes on, from the cell it cut", err=True)
+            click.echo(
+                f"{study.name} stopped: the same command with --out {shlex.quote(str(out))} goes on, "
+                "from the cell it cut",
+                err=True,
+            )
             sys.exit(interrupted_status())
-        # every planned cell finished so far, this run's or an earlier one's: a window that ran some
-        # settings must not trim the tables and the figure to them
-        rows, older, _ = shown_rows(out, cells, env_id)
-        finish(study, out, rows, settings, env_id, threshold, older)
 
     return main
 

@@ -703,12 +703,12 @@ def run(ctx, config_file, run_dir, resume, progress, track, wandb_project, wandb
         raise click.ClickException(str(err)) from None
     for line in end_lines(summary, run_dir):
         click.echo(line)
-    if summary["failed"]:
-        for rank, why in summary["failed"].items():
-            click.echo(f"agent-{rank} failed: {why}", err=True)
-        sys.exit(1)
-    if summary["stopped_by"] == "interrupted":
+    for rank, why in summary["failed"].items():
+        click.echo(f"agent-{rank} failed: {why}", err=True)
+    if summary["stopped_by"] == "interrupted":  # a signal that also ended agents (one to the whole group) stops
         sys.exit(interrupted_status())
+    if summary["failed"]:
+        sys.exit(1)
 
 
 def threads_line(cfg, gossips: bool) -> str:

@@ -350,7 +350,7 @@ class _Reports:
             for reader in mp.connection.wait(list(self._readers.values()), left):
                 try:
                     return reader.recv()
-                except EOFError:
+                except (EOFError, OSError):  # OSError: a message cut off by its sender's death (kill -9)
                     self._close(reader)
 
     def left_by(self, rank: int) -> list[tuple]:
@@ -360,7 +360,7 @@ class _Reports:
         while reader is not None and reader.poll():
             try:
                 left.append(reader.recv())
-            except EOFError:
+            except (EOFError, OSError):
                 self._close(reader)
                 break
         return left
@@ -504,12 +504,7 @@ class Swarm:
 
     def _notice_failures(self) -> None:
         """Name each failed agent once; the broker rewires around it, or --fail-fast stops the swarm."""
-        for rank, p in self.procs.items():  # killed outright (OOM, kill -9): no report comes
-            if not p.is_alive() and rank not in self.summaries and rank not in self.failures:
-                for report in self.reports.left_by(rank):
-                    self._record(*report)
-            if not p.is_alive() and rank not in self.summaries and rank not in self.failures:
-                self.failures[rank] = f"process exited with code {p.exitcode} without a report"
+        self._find_the_dead()
         for rank in sorted(self.failures.keys() - self._reported):
             self._reported.add(rank)
             self.echo(f"agent-{rank} failed: {self.failures[rank].strip()}")
@@ -521,8 +516,20 @@ class Swarm:
             elif self.broker is not None and not self.finished:
                 self.echo(f"carrying on with the other agents; the topology is rewired around agent-{rank}")
 
+    def _find_the_dead(self) -> None:
+        """Record as failed each agent whose process ended without a final report (killed outright: OOM,
+        kill -9, a signal to the whole process group). What it sent before it died is read first: its
+        final report may wait in its pipe behind another agent's."""
+        for rank, p in self.procs.items():
+            if not p.is_alive() and rank not in self.summaries and rank not in self.failures:
+                for report in self.reports.left_by(rank):
+                    self._record(*report)
+            if not p.is_alive() and rank not in self.summaries and rank not in self.failures:
+                self.failures[rank] = f"process exited with code {p.exitcode} without a report"
+
     def interrupted(self, timeout: float = 60) -> None:
-        """Ctrl-C or SIGTERM: stop the agents and wait for their final reports (they checkpoint first)."""
+        """Ctrl-C or SIGTERM: stop the agents and wait for their final reports (they checkpoint first),
+        but not for agents the same signal ended (a scheduler signals the whole process group)."""
         self.stopped_by = "interrupted"
         self.echo("\ninterrupted: stopping agents (they write a final checkpoint)")
         self.stop.set()
@@ -531,7 +538,8 @@ class Swarm:
             try:
                 self._record(*self.reports.get(timeout=0.5))
             except queue.Empty:
-                continue
+                pass
+            self._find_the_dead()
 
     def broker_stats(self) -> dict | None:
         return self.broker.stats() if self.broker else None

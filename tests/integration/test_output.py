@@ -323,6 +323,20 @@ def test_a_killed_launcher_leaves_no_private_dir_and_no_leaked_semaphore(tmp_pat
         assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
 
 
+@pytest.mark.timeout(120)
+def test_a_sigterm_to_the_whole_process_group_stops_the_run_at_once_with_143(tmp_path):
+    """A scheduler signals every process of the job (scancel, `timeout`, systemd): the agents end with the
+    launcher, before any final report. The launcher waited 60 s for those reports, past Slurm's and
+    docker's grace, and a signal that also ended agents must still read as a stop (143), not a failure."""
+    run_dir = tmp_path / "run"
+    launcher = start_endless_swarm(run_dir, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_until_training(run_dir, launcher, 90)
+    os.killpg(launcher.pid, signal.SIGTERM)
+    stderr = launcher.communicate(timeout=30)[1]
+    assert launcher.returncode == 143, stderr
+    assert "without a report" in stderr  # named, since they wrote no final checkpoint
+
+
 def test_host_load_stretches_heartbeat_and_timeouts_with_oversubscription():
     from gossiprl.launch import LOCAL_HEARTBEAT_S, MAX_HEARTBEAT_S, PEER_TIMEOUT_S, HostLoad
 
