@@ -521,10 +521,11 @@ class Swarm:
         kill -9, a signal to the whole process group). What it sent before it died is read first: its
         final report may wait in its pipe behind another agent's."""
         for rank, p in self.procs.items():
-            if not p.is_alive() and rank not in self.summaries and rank not in self.failures:
-                for report in self.reports.left_by(rank):
-                    self._record(*report)
-            if not p.is_alive() and rank not in self.summaries and rank not in self.failures:
+            if p.is_alive() or rank in self.summaries or rank in self.failures:
+                continue
+            for report in self.reports.left_by(rank):  # read after the death was seen, so it is all there
+                self._record(*report)
+            if rank not in self.summaries and rank not in self.failures:
                 self.failures[rank] = f"process exited with code {p.exitcode} without a report"
 
     def interrupted(self, timeout: float = 60) -> None:
