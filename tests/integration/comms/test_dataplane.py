@@ -81,11 +81,22 @@ def _curve_ring(tmp_path, agent_names):
     return broker, clients
 
 
-def _segments_left() -> list[str]:
-    """Every gossiprl segment still alive on this machine: named in /dev/shm, held open, or mapped.
+def _session_of(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[3])  # after the command's name: state ppid pgrp sid
+    except (OSError, IndexError, ValueError):
+        return None
 
-    (Other programs' files in /dev/shm come and go meanwhile, so only ours are looked for.)
+
+def _segments_left(*sessions: int) -> list[str]:
+    """Every gossiprl segment still alive in this test's session (or `sessions`): held open or mapped.
+
+    Only our own processes are looked at, so a swarm that another program runs beside the suite on the
+    same machine (a study over shm) is not taken for one of ours. Named files in /dev/shm are looked
+    for machine-wide: gossiprl never names one, so any is a leak.
     """
+    ours = {os.getsid(0), *sessions}
     left = (
         [f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if "gossiprl" in name]
         if os.path.isdir("/dev/shm")
@@ -99,6 +110,8 @@ def _segments_left() -> list[str]:
             return ""
 
     for pid in filter(str.isdigit, os.listdir("/proc")):
+        if _session_of(pid) not in ours:
+            continue
         try:
             fds = [readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
             with open(f"/proc/{pid}/maps") as maps:
@@ -604,12 +617,12 @@ def test_kill_9_of_the_launcher_and_its_agents_leaves_no_segment(tmp_path):
     )
     try:
         wait_until_training(run_dir, launcher, 90, "the swarm never started")
-        assert _segments_left(), "the swarm runs without any segment: this test would prove nothing"
+        assert _segments_left(launcher.pid), "the swarm runs without any segment: this test would prove nothing"
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait(10)
-    poll_until(lambda: not _segments_left(), 10)  # the agents die a moment after the launcher
-    assert _segments_left() == []
+    poll_until(lambda: not _segments_left(launcher.pid), 10)  # the agents die a moment after the launcher
+    assert _segments_left(launcher.pid) == []
 
 
 def test_unknown_data_plane_is_refused_with_the_valid_ones():
