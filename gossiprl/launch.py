@@ -181,12 +181,13 @@ def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None
     )
 
 
-AGENT_PRELOAD = ("gossiprl.launch", "gossiprl.rl.agent", "torch._dynamo")
+AGENT_PRELOAD = ("gossiprl.rl.forkserver", "gossiprl.launch", "gossiprl.rl.agent", "torch._dynamo")
 """What the agents' forkserver imports once: torch and the agent loop, which each agent would
 otherwise import again (about 3 s of CPU an agent on a 2-core VM: a ring of 4 started that much
 slower, and the test suite, which starts a few hundred agents, minutes slower); and torch._dynamo,
 which torch imports when the first optimizer is made (2-3 s of CPU more an agent, which four agents
-starting together on 2 cores paid as some 10 s before their first update)."""
+starting together on 2 cores paid as some 10 s before their first update). ``gossiprl.rl.forkserver``
+makes the server outlive a SIGTERM to the whole job, so the launcher can still see its agents' exits."""
 
 
 def agent_context():
@@ -243,11 +244,14 @@ def _agent_process(
     readable when the launcher says stop, and at EOF when the launcher is gone; an agent left
     behind that way also removes the launcher's ``private_dir``, which no one else will."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; Ctrl-C reaches it
+    stop = threading.Event()
+    # A scheduler's SIGTERM reaches every process of the job (scancel, systemd, docker stop): stop as the
+    # launcher would have us, with a final checkpoint, as a standalone `gossiprl agent` does.
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     if os.environ != environ:
         os.environ.clear()
         os.environ.update(environ)
         tempfile.tempdir = None  # read TMPDIR again
-    stop = threading.Event()
     threading.Thread(target=_watch_launcher, args=(stop_pipe, stop), name="launcher-watch", daemon=True).start()
     reports = _Reporter(report_pipe)
     client = ClientConfig(heartbeat=load.heartbeat, connect_timeout=None)  # the launcher started the broker first
@@ -557,14 +561,15 @@ class Swarm:
             time.sleep(0.05)
 
     def close(self, swarm_log) -> None:
-        """Stop and join every agent, terminating those that do not leave, then close the broker."""
+        """Stop and join every agent, killing those that do not leave (SIGTERM only stops them again),
+        then close the broker."""
         self.stop.set()
         for p in self.procs.values():
             if p.pid is None:  # start() itself failed; its error is already on its way up
                 continue
             p.join(timeout=LAUNCHER_JOIN_S)
             if p.is_alive():
-                p.terminate()
+                p.kill()
                 p.join(5)
         self._await_byes()
         swarm_log.write(self.broker_stats(), force=True)

@@ -129,7 +129,10 @@ def actor_process(
 ) -> None:
     """Body of an actor process its learner spawned: ``run_actor`` until the learner says stop or
     is gone. An error was sent to the learner already, which reports it: exit 1 without a traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops the learner, which stops us
+    # Ctrl-C, or a scheduler's SIGTERM to the whole job, reaches the learner too, which stops us: an actor
+    # that died of it first would read to the learner as a failed one.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stop = threading.Event()
     threading.Thread(target=_watch_parent, args=(stop,), name="learner-watch", daemon=True).start()
     try:
@@ -151,7 +154,7 @@ def actor_context():
     if not sys.platform.startswith("linux"):
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
+    ctx.set_forkserver_preload(["gossiprl.rl.forkserver", __name__])
     return ctx
 
 
@@ -280,7 +283,7 @@ class ActorProcesses:
                 raise ActorFailed(said or f"{process.name} (pid {process.pid}) exited with code {process.exitcode}")
 
     def close(self) -> None:
-        """Tell the actors to stop, give them JOIN_S in all to leave, then terminate the rest. One
+        """Tell the actors to stop, give them JOIN_S in all to leave, then kill the rest (they ignore SIGTERM). One
         deadline for all, not JOIN_S each: 8 actors still starting (deaf to STOP until they join)
         took 40 s in turn, past the launcher's LAUNCHER_JOIN_S, which then killed the agent unsaved."""
         if self.end is not None:
@@ -290,7 +293,7 @@ class ActorProcesses:
             process.join(max(deadline - time.monotonic(), 0.0))
         for process in self.processes:
             if process.is_alive():
-                process.terminate()
+                process.kill()
                 process.join()
         if self.private_dir is not None:
             shutil.rmtree(self.private_dir, ignore_errors=True)

@@ -324,17 +324,34 @@ def test_a_killed_launcher_leaves_no_private_dir_and_no_leaked_semaphore(tmp_pat
 
 
 @pytest.mark.timeout(120)
-def test_a_sigterm_to_the_whole_process_group_stops_the_run_at_once_with_143(tmp_path):
-    """A scheduler signals every process of the job (scancel, `timeout`, systemd): the agents end with the
-    launcher, before any final report. The launcher waited 60 s for those reports, past Slurm's and
-    docker's grace, and a signal that also ended agents must still read as a stop (143), not a failure."""
+@pytest.mark.parametrize(
+    "learner",
+    [(), ("--algo", "impala", "--actor-placement", "process", "--actors-per-agent", "1")],
+    ids=["a2c", "impala"],
+)
+def test_a_sigterm_to_the_whole_process_group_stops_every_agent_with_a_final_checkpoint(tmp_path, learner):
+    """A scheduler signals every process of the job (scancel, `timeout`, systemd), the agents' forkserver
+    and an IMPALA learner's actor processes too. The agents died of it without a final checkpoint, and
+    the launcher waited 60 s for their reports, past Slurm's and docker's grace. Each agent now takes
+    SIGTERM as its launcher's stop: it checkpoints and reports; an actor waits for its learner's stop."""
     run_dir = tmp_path / "run"
-    launcher = start_endless_swarm(run_dir, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = start_endless_swarm(
+        run_dir,
+        "--checkpoint-every",
+        "1000000",
+        *learner,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     wait_until_training(run_dir, launcher, 90)
     os.killpg(launcher.pid, signal.SIGTERM)
-    stderr = launcher.communicate(timeout=30)[1]
+    stderr = launcher.communicate(timeout=60)[1]
     assert launcher.returncode == 143, stderr
-    assert "without a report" in stderr  # named, since they wrote no final checkpoint
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["failed"] == {} and sorted(summary["per_agent"]) == ["0", "1"], stderr
+    for rank in (0, 1):  # no periodic one comes this early: this is the final checkpoint
+        assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
 
 
 def test_host_load_stretches_heartbeat_and_timeouts_with_oversubscription():
