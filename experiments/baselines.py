@@ -55,7 +55,9 @@ import hashlib
 import json
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -66,6 +68,7 @@ import torch
 
 from experiments.common import QUICK_ENV, REAL_ENV, _write_json, cell_key, fresh_out, load_rows, parse_seeds, write_csv
 from experiments.study import earlier_plan, window_seeds
+from gossiprl.cli import interrupted_status
 from gossiprl.rl.a2c import ATARI_LR, resolve_defaults
 from gossiprl.rl.envs import env_spec, is_atari
 from gossiprl.rl.models import MinAtarActorCritic
@@ -149,8 +152,15 @@ def build(algo: str, env_id: str, seed: int, hyper: dict):
     return sb3.PPO("MlpPolicy", envs, policy_kwargs=policy_kwargs, seed=seed, device="cpu", **hyper)
 
 
+TERMINATED = threading.Event()
+"""Set by SIGTERM (a scheduler's kill): SB3 ends its run at the next step (``Episodes``). A
+KeyboardInterrupt raised there instead can land in code torch runs from C, after which Python exits
+as if by SIGINT (-2), whatever status the script asks for."""
+
+
 class Episodes(BaseCallback):
-    """Every finished episode (frames so far, training seconds, return), from SB3's Monitor."""
+    """Every finished episode (frames so far, training seconds, return), from SB3's Monitor; False, which
+    ends SB3's run, once ``TERMINATED`` is set."""
 
     def __init__(self):
         super().__init__()
@@ -161,7 +171,7 @@ class Episodes(BaseCallback):
         for info in self.locals["infos"]:
             if "episode" in info:
                 self.rows.append((self.num_timesteps, time.perf_counter() - self.start, float(info["episode"]["r"])))
-        return True
+        return not TERMINATED.is_set()
 
 
 def run_cell(algo: str, env_id: str, seed: int, frames: int, hyper: dict, curve: Path) -> dict:
@@ -253,6 +263,25 @@ def main(quick, env_id, frames, seeds, algos, out):
         f"SB3 {sb3.__version__}: {', '.join(algo_list)} x seeds {seed_list}, {frames:,} frames on {env_id} -> {out}"
     )
     cells = [(seed, algo) for seed in seed_list for algo in algo_list]  # seed by seed, both algorithms per seed
+    signal.signal(signal.SIGTERM, lambda signum, frame: TERMINATED.set())
+    try:
+        finished = run_cells(cells, env_id, frames, out)
+    except KeyboardInterrupt:
+        finished = False
+    if not finished:
+        click.echo(
+            f"baselines stopped: the same command with --out {shlex.quote(str(out))} goes on, from the cell "
+            "it cut (an SB3 run keeps no checkpoint: that cell starts again)",
+            err=True,
+        )
+        sys.exit(interrupted_status(signal.SIGTERM if TERMINATED.is_set() else signal.SIGINT))
+    write_csv(out / "results.csv", load_rows(out))
+    click.echo(f"rows in {out / 'results.csv'}")
+
+
+def run_cells(cells: list[tuple[int, str]], env_id: str, frames: int, out: Path) -> bool:
+    """Each (seed, algorithm) not finished before, its row written whole once its run ends; False when
+    a SIGTERM cut one short (it writes no row)."""
     for k, (seed, algo) in enumerate(cells, 1):
         hyper = settings(algo, env_id)
         key = cell_key(ALGOS[algo], seed)
@@ -262,6 +291,8 @@ def main(quick, env_id, frames, seeds, algos, out):
             click.echo(f"[{k}/{len(cells)}] {ALGOS[algo]}, seed {seed}: done before, kept")
             continue
         result = run_cell(algo, env_id, seed, frames, hyper, out / "curves" / f"{key}.csv")
+        if TERMINATED.is_set():
+            return False
         row = {
             "setting": ALGOS[algo],
             "algo": algo,
@@ -282,8 +313,7 @@ def main(quick, env_id, frames, seeds, algos, out):
             f"of training ({row['fps']:.0f} frames/s, {row['frames'] / row['cpu_s']:.0f} per CPU-second), "
             f"{row['episodes']} episodes, {score}"
         )
-    write_csv(out / "results.csv", load_rows(out))
-    click.echo(f"rows in {out / 'results.csv'}")
+    return True
 
 
 if __name__ == "__main__":

@@ -11,15 +11,17 @@ mean; plus the consensus policy's evaluation. Resumable per seed; one line per s
 from __future__ import annotations
 
 import json
-import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import click
 
-from experiments.common import fresh_out, parse_seeds, write_csv
+from experiments.common import _write_json, fresh_out, parse_seeds, write_csv
+from gossiprl.cli import interrupted_status, stop_on_sigterm
 from gossiprl.rl.consensus import evaluate_consensus
 
 THRESHOLD = 475.0
@@ -45,55 +47,67 @@ def main(seeds, total_frames, eval_episodes, out):
     seed_list = parse_seeds(seeds)
     out = out or fresh_out("readme_seeds", quick=False)
     (out / "cells").mkdir(parents=True, exist_ok=True)
+    stop_on_sigterm()  # a scheduler's kill stops the seed's run as Ctrl-C does: it checkpoints
     rows = []
-    for seed in seed_list:
-        row_path = out / "cells" / f"seed{seed}.json"
-        if not row_path.exists():
-            run_dir = out / "runs" / f"seed{seed}"
-            shutil.rmtree(run_dir, ignore_errors=True)
-            command = [
-                sys.executable,
-                "-m",
-                "gossiprl.cli",
-                "run",
-                "--topology",
-                "ring",
-                "--seed",
-                str(seed),
-                "--run-dir",
-                str(run_dir),
-            ]
-            if total_frames:
-                command += ["--total-frames", str(total_frames)]
-            subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
-            summary = json.loads((run_dir / "summary.json").read_text())
-            own = [a["mean_return"] for a in summary["per_agent"].values()]
-            consensus = evaluate_consensus(run_dir, episodes=eval_episodes)
-            row = {
-                "seed": seed,
-                "command": " ".join(["gossiprl"] + command[3:]),
-                "stopped_by": summary["stopped_by"],
-                "solved_pooled": summary["stopped_by"].startswith("solved"),
-                "solved_every_agent": min(own) >= THRESHOLD,
-                "frames": summary["frames"],
-                "wall_s": summary["wall_seconds"],
-                "pooled_last100": summary["mean_return"],
-                "per_agent_last100": own,
-                "consensus_eval": consensus["mean"],
-                "consensus_solved": consensus["mean"] >= THRESHOLD,
-                "eval_episodes": eval_episodes,
-            }
-            tmp = row_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(row, indent=2))
-            os.replace(tmp, row_path)
-        row = json.loads(row_path.read_text())
-        rows.append(row)
+    try:
+        for seed in seed_list:
+            row_path = out / "cells" / f"seed{seed}.json"
+            if not row_path.exists():
+                _write_json(row_path, run_seed(seed, out / "runs" / f"seed{seed}", total_frames, eval_episodes))
+            row = json.loads(row_path.read_text())
+            rows.append(row)
+            click.echo(
+                f"seed {seed}: {row['stopped_by']}; {row['frames'] / 1e6:.2f}M frames {row['wall_s']:.0f}s; "
+                f"agents' own last-100 {', '.join(f'{v:.0f}' for v in row['per_agent_last100'])}; "
+                f"consensus eval {row['consensus_eval']:.0f}"
+            )
+    except KeyboardInterrupt:
         click.echo(
-            f"seed {seed}: {row['stopped_by']}; {row['frames'] / 1e6:.2f}M frames {row['wall_s']:.0f}s; "
-            f"agents' own last-100 {', '.join(f'{v:.0f}' for v in row['per_agent_last100'])}; "
-            f"consensus eval {row['consensus_eval']:.0f}"
+            f"readme_seeds stopped: the same command with --out {shlex.quote(str(out))} goes on, from the seed it cut",
+            err=True,
         )
+        sys.exit(interrupted_status())
     write_csv(out / "results.csv", rows)
+
+
+def run_seed(seed: int, run_dir: Path, total_frames: int | None, eval_episodes: int) -> dict:
+    """The README's command for ``seed``, resumed where an earlier window's stop left it, and its row.
+
+    The run is a session of its own, so Ctrl-C reaches only this process, which passes it on as one
+    SIGTERM and waits while the agents checkpoint (subprocess.run would kill the run 0.25 s later)."""
+    command = [sys.executable, "-m", "gossiprl.cli", "run", "--topology", "ring", "--seed", str(seed)]
+    command += ["--run-dir", str(run_dir)] + (["--total-frames", str(total_frames)] if total_frames else [])
+    resume = (run_dir / "config.json").exists()  # a seed stopped in an earlier window: go on from it
+    if not resume:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    run = subprocess.Popen(
+        command + (["--resume"] if resume else []), stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        code = run.wait()
+    except KeyboardInterrupt:
+        run.send_signal(signal.SIGTERM)
+        run.wait()
+        raise
+    if code:
+        raise click.ClickException(f"seed {seed}: `{shlex.join(command)}` exited {code}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    own = [a["mean_return"] for a in summary["per_agent"].values()]
+    consensus = evaluate_consensus(run_dir, episodes=eval_episodes)
+    return {
+        "seed": seed,
+        "command": " ".join(["gossiprl"] + command[3:]),
+        "stopped_by": summary["stopped_by"],
+        "solved_pooled": summary["stopped_by"].startswith("solved"),
+        "solved_every_agent": min(own) >= THRESHOLD,
+        "frames": summary["frames"],
+        "wall_s": summary["wall_seconds"],
+        "pooled_last100": summary["mean_return"],
+        "per_agent_last100": own,
+        "consensus_eval": consensus["mean"],
+        "consensus_solved": consensus["mean"] >= THRESHOLD,
+        "eval_episodes": eval_episodes,
+    }
 
 
 if __name__ == "__main__":

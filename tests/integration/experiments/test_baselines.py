@@ -5,8 +5,13 @@ with the install line, where the optional extra is missing; the RESULTS.md secti
 
 import csv
 import json
+import shlex
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +99,22 @@ def test_quick_runs_both_algorithms_then_resumes(tmp_path):
     plan = json.loads((out / "study.json").read_text())
     assert plan["settings"] == ["SB3 A2C", "SB3 PPO"] and plan["seeds"] == [1]
     assert plan["command"] == f"python -m experiments.baselines --quick --out {out} --seeds 1 --algos a2c,ppo"
+
+
+@pytest.mark.timeout(120)
+def test_a_window_stopped_by_sigterm_says_how_to_go_on_and_exits_143(tmp_path):
+    """A scheduler's kill ended the script at once, saying nothing, with -15."""
+    baselines()
+    out = tmp_path / "baselines"
+    command = [sys.executable, "-m", "experiments.baselines", "--quick", "--frames", "10000000", "--out", str(out)]
+    window = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert window.stdout.readline().startswith("SB3 "), "the window never started its first cell"
+    time.sleep(2)  # into the cell's training
+    window.send_signal(signal.SIGTERM)
+    _, err = window.communicate(timeout=60)
+    assert window.returncode == 143, err
+    assert f"baselines stopped: the same command with --out {shlex.quote(str(out))} goes on" in err
+    assert not list((out / "cells").glob("*.json"))  # the cut cell wrote no row
 
 
 def test_without_out_a_quick_run_writes_a_fresh_temporary_dir():

@@ -290,6 +290,37 @@ def test_a_study_stopped_by_sigterm_checkpoints_the_cell_it_cut_and_exits_143(tm
     assert not (out / "cells" / f"{cell}.json").exists()  # no row: the cell is not done
 
 
+@pytest.mark.timeout(240)
+def test_readme_seeds_stopped_by_sigterm_lets_its_run_checkpoint_and_goes_on_from_it(tmp_path):
+    """readme_seeds ran each seed with subprocess.run, which kills its child 0.25 s after Ctrl-C, and a
+    SIGTERM killed readme_seeds alone; the next window started the seed afresh either way. Now the
+    run stops with its checkpoints and the same command resumes it."""
+    out = tmp_path / "seeds"
+    command = [sys.executable, "-m", "experiments.readme_seeds", "--seeds", "1", "--total-frames", "80000"]
+    command += ["--eval-episodes", "1", "--out", str(out)]
+    seeds = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    metrics = [out / "runs" / "seed1" / f"agent-{r}" / "metrics.csv" for r in range(4)]
+    wait_for(
+        lambda: all(m.exists() and len(m.read_text().splitlines()) > 1 for m in metrics),
+        120,
+        "the ring never logged a row",
+        process=seeds,
+    )
+    seeds.send_signal(signal.SIGTERM)
+    _, err = seeds.communicate(timeout=90)
+    assert seeds.returncode == 143, err
+    assert f"--out {shlex.quote(str(out))} goes on, from the seed it cut" in err
+    summary = json.loads((out / "runs" / "seed1" / "summary.json").read_text())
+    assert summary["stopped_by"] == "interrupted" and summary["failed"] == {}, summary
+    cut_at = summary["frames"]
+    assert 0 < cut_at < 80000 and not (out / "cells" / "seed1.json").exists()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=200)
+    assert again.returncode == 0, again.stderr
+    row = json.loads((out / "cells" / "seed1.json").read_text())
+    assert row["frames"] >= 80000 and "--resume" not in row["command"]
+    assert row["wall_s"] > summary["wall_seconds"]  # the first window's training counts
+
+
 def test_study_help_runs_as_a_script():
     done = subprocess.run(
         [sys.executable, "-m", "experiments.scaling", "--help"], capture_output=True, text=True, timeout=60
