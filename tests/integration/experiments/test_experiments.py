@@ -264,6 +264,17 @@ def test_agents_without_gossip_resume_each_from_its_own_checkpoint_or_afresh(tmp
     assert afresh["run_wall_seconds"] == afresh["wall_seconds"]
 
 
+def _wait_for_rows(run_dir, agents: int, process) -> None:
+    """Every agent of the run in ``run_dir`` has logged a row: it trains, and will checkpoint at a stop."""
+    metrics = [run_dir / f"agent-{r}" / "metrics.csv" for r in range(agents)]
+    wait_for(
+        lambda: all(m.exists() and len(m.read_text().splitlines()) > 1 for m in metrics),
+        120,
+        "the ring never logged a row",
+        process=process,
+    )
+
+
 @pytest.mark.timeout(180)
 def test_a_study_stopped_by_sigterm_checkpoints_the_cell_it_cut_and_exits_143(tmp_path):
     """A scheduler's kill (scancel, systemd, timeout) reaches the study's own process: it stops the
@@ -275,13 +286,7 @@ def test_a_study_stopped_by_sigterm_checkpoints_the_cell_it_cut_and_exits_143(tm
     study = subprocess.Popen(
         [*command, "--only", "2 agents, ring", "--out", str(out)], stderr=subprocess.PIPE, text=True
     )
-    metrics = [out / "runs" / cell / f"agent-{r}" / "metrics.csv" for r in (0, 1)]
-    wait_for(
-        lambda: all(m.exists() and len(m.read_text().splitlines()) > 1 for m in metrics),
-        120,
-        "the ring never logged a row",
-        process=study,
-    )
+    _wait_for_rows(out / "runs" / cell, 2, study)
     study.send_signal(signal.SIGTERM)
     _, err = study.communicate(timeout=60)
     assert study.returncode == 143, err
@@ -299,13 +304,7 @@ def test_readme_seeds_stopped_by_sigterm_lets_its_run_checkpoint_and_goes_on_fro
     command = [sys.executable, "-m", "experiments.readme_seeds", "--seeds", "1", "--total-frames", "80000"]
     command += ["--eval-episodes", "1", "--out", str(out)]
     seeds = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    metrics = [out / "runs" / "seed1" / f"agent-{r}" / "metrics.csv" for r in range(4)]
-    wait_for(
-        lambda: all(m.exists() and len(m.read_text().splitlines()) > 1 for m in metrics),
-        120,
-        "the ring never logged a row",
-        process=seeds,
-    )
+    _wait_for_rows(out / "runs" / "seed1", 4, seeds)
     seeds.send_signal(signal.SIGTERM)
     _, err = seeds.communicate(timeout=90)
     assert seeds.returncode == 143, err
