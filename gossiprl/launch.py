@@ -415,6 +415,8 @@ class Swarm:
         self._reported: set[int] = set()
         self.stopped_by = "total frames"
         self.solved_at: dict | None = None
+        self._followers: tuple | None = None
+        """(timings, swarm log, progress bar) once ``watch`` began: every progress report goes to them."""
 
     @property
     def finished(self) -> bool:
@@ -464,21 +466,14 @@ class Swarm:
 
     def watch(self, timings: Timings, swarm_log, bar) -> None:
         """Follow the agents' reports until every agent is done or failed."""
+        self._followers = (timings, swarm_log, bar)
         while not self.finished:
             if self.cfg.max_seconds is not None and timings.session() > self.cfg.max_seconds:
                 self._stop(f"time limit of {self.cfg.max_seconds:g}s")
             try:
-                kind, rank, payload = self.reports.get(timeout=0.5)
+                self._record(*self.reports.get(timeout=0.5))
             except queue.Empty:
-                kind = None
-            if kind == "progress":
-                self.progress.add(rank, payload)
-                swarm_log.add(rank, payload)
-                swarm_log.write(self.broker_stats())
-                bar(self.progress)
-                self._check_solved(timings)
-            elif kind is not None:
-                self._record(kind, rank, payload)
+                pass
             self._notice_failures()
 
     def _stop(self, why: str) -> None:
@@ -499,8 +494,16 @@ class Swarm:
         self._stop(f"solved: mean return {progress.mean_return:.1f} >= {target}")
 
     def _record(self, kind: str, rank: int, payload) -> None:
+        """One report, whichever way it was read (``watch``, a dead agent's pipe drained, the wait after
+        Ctrl-C): a progress report also goes to the swarm log, the bar and the stop-at-return check."""
         if kind == "progress":
             self.progress.add(rank, payload)
+            if self._followers is not None:
+                timings, swarm_log, bar = self._followers
+                swarm_log.add(rank, payload)
+                swarm_log.write(self.broker_stats())
+                bar(self.progress)
+                self._check_solved(timings)
         elif kind == "done":
             self.summaries[rank] = payload
         else:

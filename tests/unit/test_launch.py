@@ -50,15 +50,34 @@ def test_an_agent_that_exited_after_its_final_report_is_not_called_failed():
     swarm.procs, swarm.broker, swarm.echo = {0: Exited(), 1: Exited()}, None, print
     swarm.cfg = launch.SwarmConfig(agents=2)
     swarm.progress = launch.Progress(2)
+    logged, bar = Logged(), []
+    swarm._followers = (launch.Timings(), logged, bar.append)
     pipes = {rank: multiprocessing.Pipe(duplex=False) for rank in (0, 1)}
     for rank, (reader, _) in pipes.items():
         swarm.reports.add(rank, reader)
+    last = {"frames": 4000, "returns": [], "gossip_s": 0.1, "wall_s": 1.0}
+    pipes[0][1].send(("progress", 0, last))
     pipes[0][1].send(("done", 0, {"frames": 4000}))
     pipes[0][1].close()  # agent-0 reported and exited; agent-1 died without a word
     pipes[1][1].close()
     swarm._notice_failures()
     assert swarm.summaries == {0: {"frames": 4000}}
     assert swarm.failures == {1: "process exited with code 0 without a report"}
+    # its last progress report, drained with it, reached the swarm's log and the bar as watch's do
+    assert logged.rows == [(0, last)] and bar == [swarm.progress]
+
+
+class Logged:
+    """A SwarmLog that keeps what it is given."""
+
+    def __init__(self):
+        self.rows = []
+
+    def add(self, rank, report):
+        self.rows.append((rank, report))
+
+    def write(self, broker_stats):
+        pass
 
 
 def test_the_python_api_refuses_actor_settings_before_anything_starts(tmp_path, monkeypatch):
