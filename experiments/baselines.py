@@ -291,7 +291,7 @@ def run_cells(cells: list[tuple[int, str]], env_id: str, frames: int, out: Path)
             click.echo(f"[{k}/{len(cells)}] {ALGOS[algo]}, seed {seed}: done before, kept")
             continue
         result = run_cell(algo, env_id, seed, frames, hyper, out / "curves" / f"{key}.csv")
-        if TERMINATED.is_set():
+        if result["frames"] < frames:  # SIGTERM cut it (Episodes): not this cell's result
             return False
         row = {
             "setting": ALGOS[algo],
@@ -313,6 +313,8 @@ def run_cells(cells: list[tuple[int, str]], env_id: str, frames: int, out: Path)
             f"of training ({row['fps']:.0f} frames/s, {row['frames'] / row['cpu_s']:.0f} per CPU-second), "
             f"{row['episodes']} episodes, {score}"
         )
+        if TERMINATED.is_set():  # it came once the run had its frames: its row is kept, the next cell not run
+            return False
     return True
 
 

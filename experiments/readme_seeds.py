@@ -25,6 +25,8 @@ from gossiprl.cli import interrupted_status, stop_on_sigterm
 from gossiprl.rl.consensus import evaluate_consensus
 
 THRESHOLD = 475.0
+RUN_STOP_S = 120
+"""How long a stopped run may take to checkpoint and exit before it is killed."""
 
 
 @click.command()
@@ -71,32 +73,20 @@ def main(seeds, total_frames, eval_episodes, out):
 
 
 def run_seed(seed: int, run_dir: Path, total_frames: int | None, eval_episodes: int) -> dict:
-    """The README's command for ``seed``, resumed where an earlier window's stop left it, and its row.
-
-    The run is a session of its own, so Ctrl-C reaches only this process, which passes it on as one
-    SIGTERM and waits while the agents checkpoint (subprocess.run would kill the run 0.25 s later)."""
+    """The README's command for ``seed``, resumed where an earlier window's stop left it, and its row."""
     command = [sys.executable, "-m", "gossiprl.cli", "run", "--topology", "ring", "--seed", str(seed)]
     command += ["--run-dir", str(run_dir)] + (["--total-frames", str(total_frames)] if total_frames else [])
-    resume = (run_dir / "config.json").exists()  # a seed stopped in an earlier window: go on from it
-    if not resume:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    run = subprocess.Popen(
-        command + (["--resume"] if resume else []), stdout=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        code = run.wait()
-    except KeyboardInterrupt:
-        run.send_signal(signal.SIGTERM)
-        run.wait()
-        raise
-    if code:
-        raise click.ClickException(f"seed {seed}: `{shlex.join(command)}` exited {code}")
+    if _stopped_by(run_dir) in (None, "interrupted"):  # not run yet, or cut: a run that ended is only scored
+        _run(command, run_dir, seed)
     summary = json.loads((run_dir / "summary.json").read_text())
     own = [a["mean_return"] for a in summary["per_agent"].values()]
     consensus = evaluate_consensus(run_dir, episodes=eval_episodes)
     return {
         "seed": seed,
         "command": " ".join(["gossiprl"] + command[3:]),
+        # a resumed run's stop rule saw only its last session's episodes: its frames to solve are not a
+        # single session's
+        "resumed": summary["wall_seconds"] > summary["session_wall_seconds"],
         "stopped_by": summary["stopped_by"],
         "solved_pooled": summary["stopped_by"].startswith("solved"),
         "solved_every_agent": min(own) >= THRESHOLD,
@@ -108,6 +98,40 @@ def run_seed(seed: int, run_dir: Path, total_frames: int | None, eval_episodes: 
         "consensus_solved": consensus["mean"] >= THRESHOLD,
         "eval_episodes": eval_episodes,
     }
+
+
+def _stopped_by(run_dir: Path) -> str | None:
+    """Why the run in ``run_dir`` ended, None where it has no summary (never started, or killed)."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text())["stopped_by"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _run(command: list[str], run_dir: Path, seed: int) -> None:
+    """Run ``command``, going on from the run's checkpoints where an earlier window left some.
+
+    The run is a session of its own, so Ctrl-C reaches only this process; whatever ends this process's
+    wait (Ctrl-C, SIGTERM, an error) passes on one SIGTERM and waits while the agents checkpoint
+    (subprocess.run would kill the run 0.25 s after Ctrl-C), so no run is left training behind us."""
+    resume = (run_dir / "config.json").exists()
+    if not resume:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    run = subprocess.Popen(
+        command + (["--resume"] if resume else []), stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        code = run.wait()
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGTERM)
+            try:
+                run.wait(RUN_STOP_S)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.wait()
+    if code:
+        raise click.ClickException(f"seed {seed}: `{shlex.join(command)}` exited {code}")
 
 
 if __name__ == "__main__":

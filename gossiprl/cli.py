@@ -783,8 +783,8 @@ def end_lines(summary: dict, run_dir: Path) -> list[str]:
 
 def stop_on_sigterm() -> None:
     """Make SIGTERM (a scheduler's kill: scancel, docker stop, kill) stop this process as Ctrl-C does:
-    it raises KeyboardInterrupt, which ``launch.run`` answers by having its agents checkpoint and stop.
-    ``interrupted_status`` then names the signal. The experiments' studies use it too."""
+    the first raises KeyboardInterrupt, which ``launch.run`` answers by having its agents checkpoint and
+    stop. ``interrupted_status`` then names the signal. The experiments' studies use it too."""
     signal.signal(signal.SIGTERM, _interrupt)
 
 
@@ -797,8 +797,13 @@ def interrupted_status(signum: int | None = None) -> int:
 
 
 def _interrupt(signum, frame):
+    """The first SIGTERM stops; a later one is noted only. scancel signals every process of the job, and a
+    wrapper (experiments.readme_seeds) passes its own on: a second KeyboardInterrupt would cut short the
+    stop the first began (the wait for the agents' final reports, the summary). Ctrl-C is Python's own."""
+    first = not _caught
     _caught.append(signum)
-    raise KeyboardInterrupt
+    if first:
+        raise KeyboardInterrupt
 
 
 _caught: list[int] = []

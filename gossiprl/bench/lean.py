@@ -10,7 +10,6 @@ loop on this env, and the agent's rate over it says what our bookkeeping costs.
 from __future__ import annotations
 
 import queue
-import signal
 import time
 
 import numpy as np
@@ -80,7 +79,6 @@ def lean_a2c_fps(
 
 
 def _lean_child(args, barrier, out) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the agents' server ignores it, and so would we
     out.put(lean_a2c_fps(*args, barrier=barrier))
 
 

@@ -286,14 +286,16 @@ class ActorProcesses:
         """Tell the actors to stop, give them JOIN_S in all to leave, then kill the rest (they ignore SIGTERM). One
         deadline for all, not JOIN_S each: 8 actors still starting (deaf to STOP until they join)
         took 40 s in turn, past the launcher's LAUNCHER_JOIN_S, which then killed the agent unsaved."""
-        if self.end is not None:
-            self.end.close()  # tells every actor to stop
-        deadline = time.monotonic() + JOIN_S
-        for process in self.processes:
-            process.join(max(deadline - time.monotonic(), 0.0))
-        for process in self.processes:
-            if process.is_alive():
-                process.kill()
-                process.join()
-        if self.private_dir is not None:
-            shutil.rmtree(self.private_dir, ignore_errors=True)
+        try:
+            if self.end is not None:
+                self.end.close()  # tells every actor to stop
+            deadline = time.monotonic() + JOIN_S
+            for process in self.processes:
+                process.join(max(deadline - time.monotonic(), 0.0))
+        finally:  # even if the goodbye failed: multiprocessing's own clean-up would terminate them, in vain
+            for process in self.processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+            if self.private_dir is not None:
+                shutil.rmtree(self.private_dir, ignore_errors=True)

@@ -354,6 +354,55 @@ def test_a_sigterm_to_the_whole_process_group_stops_every_agent_with_a_final_che
         assert (run_dir / f"agent-{rank}" / "checkpoint.pt").stat().st_size > 0
 
 
+def test_only_the_first_sigterm_interrupts_a_later_one_is_noted(monkeypatch):
+    """scancel signals every process of the job and a wrapper (experiments.readme_seeds) passes its own
+    on: the launcher's second KeyboardInterrupt cut short the stop the first began (its wait for the
+    agents' final reports, the summary), and `gossiprl run` exited 1."""
+    from gossiprl import cli
+
+    monkeypatch.setattr(cli, "_caught", [])
+    with pytest.raises(KeyboardInterrupt):
+        cli._interrupt(signal.SIGTERM, None)
+    cli._interrupt(signal.SIGTERM, None)
+    assert cli._caught == [signal.SIGTERM, signal.SIGTERM] and cli.interrupted_status() == 143
+
+
+FORKSERVER_CHILD = """
+import multiprocessing as mp, os, signal, sys
+
+
+def child(said, go):
+    said.put((os.getppid(), signal.getsignal(signal.SIGTERM) == signal.SIG_DFL))
+    go.get(timeout=60)
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(sys.argv[1:])
+    said, go = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=child, args=(said, go))
+    p.start()
+    server, default = said.get(timeout=60)
+    os.kill(server, signal.SIGTERM)
+    go.put(1)
+    p.join()
+    print(default, p.exitcode)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("preload", [["gossiprl.rl.forkserver"], []], ids=["ours", "plain"])
+def test_a_forkserver_that_preloads_ours_outlives_sigterm_and_forks_children_with_its_default(tmp_path, preload):
+    """A SIGTERM that killed the server made multiprocessing read its still-running child's exit as 255
+    (the plain case shows it); with gossiprl.rl.forkserver preloaded, the server ignores it, and its
+    children still have SIGTERM's default, not the server's ignore."""
+    script = tmp_path / "forkserver_child.py"
+    script.write_text(FORKSERVER_CHILD)
+    done = subprocess.run([sys.executable, str(script), *preload], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == (["True", "0"] if preload else ["True", "255"])
+
+
 def test_host_load_stretches_heartbeat_and_timeouts_with_oversubscription():
     from gossiprl.launch import LOCAL_HEARTBEAT_S, MAX_HEARTBEAT_S, PEER_TIMEOUT_S, HostLoad
 

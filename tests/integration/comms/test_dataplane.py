@@ -92,8 +92,9 @@ def _session_of(pid: str) -> int | None:
 def _segments_left(*sessions: int) -> list[str]:
     """Every gossiprl segment still alive in this test's session (or `sessions`): held open or mapped.
 
-    Only our own processes are looked at, so a swarm that another program runs beside the suite on the
-    same machine (a study over shm) is not taken for one of ours. Named files in /dev/shm are looked
+    Only the processes of this session are looked at, so a swarm that a program started in another
+    session runs beside the suite (a study started with setsid or from another terminal) is not taken
+    for one of ours; one started from the suite's own shell still is. Named files in /dev/shm are looked
     for machine-wide: gossiprl never names one, so any is a leak.
     """
     ours = {os.getsid(0), *sessions}

@@ -299,7 +299,7 @@ def test_a_study_stopped_by_sigterm_checkpoints_the_cell_it_cut_and_exits_143(tm
 def test_readme_seeds_stopped_by_sigterm_lets_its_run_checkpoint_and_goes_on_from_it(tmp_path):
     """readme_seeds ran each seed with subprocess.run, which kills its child 0.25 s after Ctrl-C, and a
     SIGTERM killed readme_seeds alone; the next window started the seed afresh either way. Now the
-    run stops with its checkpoints and the same command resumes it."""
+    run stops with its checkpoints, the same command resumes it, and the row says it was resumed."""
     out = tmp_path / "seeds"
     command = [sys.executable, "-m", "experiments.readme_seeds", "--seeds", "1", "--total-frames", "80000"]
     command += ["--eval-episodes", "1", "--out", str(out)]
@@ -316,8 +316,15 @@ def test_readme_seeds_stopped_by_sigterm_lets_its_run_checkpoint_and_goes_on_fro
     again = subprocess.run(command, capture_output=True, text=True, timeout=200)
     assert again.returncode == 0, again.stderr
     row = json.loads((out / "cells" / "seed1.json").read_text())
-    assert row["frames"] >= 80000 and "--resume" not in row["command"]
+    assert row["frames"] >= 80000 and "--resume" not in row["command"] and row["resumed"]
     assert row["wall_s"] > summary["wall_seconds"]  # the first window's training counts
+    # a window stopped after its run ended (while scoring it) scores that run; it does not resume it
+    (out / "cells" / "seed1.json").unlink()
+    ended = (out / "runs" / "seed1" / "summary.json").read_text()
+    third = subprocess.run(command, capture_output=True, text=True, timeout=200)
+    assert third.returncode == 0, third.stderr
+    assert (out / "runs" / "seed1" / "summary.json").read_text() == ended
+    assert json.loads((out / "cells" / "seed1.json").read_text())["frames"] == row["frames"]
 
 
 def test_study_help_runs_as_a_script():
