@@ -76,7 +76,7 @@ def run_seed(seed: int, run_dir: Path, total_frames: int | None, eval_episodes: 
     """The README's command for ``seed``, resumed where an earlier window's stop left it, and its row."""
     command = [sys.executable, "-m", "gossiprl.cli", "run", "--topology", "ring", "--seed", str(seed)]
     command += ["--run-dir", str(run_dir)] + (["--total-frames", str(total_frames)] if total_frames else [])
-    if _stopped_by(run_dir) in (None, "interrupted"):  # not run yet, or cut: a run that ended is only scored
+    if not _ended(run_dir):  # not run yet, cut, or an agent failed: a run that ended is only scored
         _run(command, run_dir, seed)
     summary = json.loads((run_dir / "summary.json").read_text())
     own = [a["mean_return"] for a in summary["per_agent"].values()]
@@ -84,8 +84,8 @@ def run_seed(seed: int, run_dir: Path, total_frames: int | None, eval_episodes: 
     return {
         "seed": seed,
         "command": " ".join(["gossiprl"] + command[3:]),
-        # a resumed run's stop rule saw only its last session's episodes: its frames to solve are not a
-        # single session's
+        # ran in more than one session: its stop rule saw only the last one's episodes, so its frames to
+        # solve are not one session's (and its wall-clock holds a session that may have left no checkpoint)
         "resumed": summary["wall_seconds"] > summary["session_wall_seconds"],
         "stopped_by": summary["stopped_by"],
         "solved_pooled": summary["stopped_by"].startswith("solved"),
@@ -100,12 +100,14 @@ def run_seed(seed: int, run_dir: Path, total_frames: int | None, eval_episodes: 
     }
 
 
-def _stopped_by(run_dir: Path) -> str | None:
-    """Why the run in ``run_dir`` ended, None where it has no summary (never started, or killed)."""
+def _ended(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` ended as the README's command ends: not cut by a stop, no agent
+    failed (its summary then says so). One without a summary never started, or was killed."""
     try:
-        return json.loads((run_dir / "summary.json").read_text())["stopped_by"]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        return summary["stopped_by"] != "interrupted" and not summary["failed"]
     except (OSError, ValueError, KeyError):
-        return None
+        return False
 
 
 def _run(command: list[str], run_dir: Path, seed: int) -> None:

@@ -668,8 +668,9 @@ def _number(value, default: float) -> float:
 def _summary(members: Swarm, timings: Timings, earlier_return: float) -> dict:
     """summary.json's contents: the whole run's frames and time, this session's rate, and the returns."""
     summaries, failures, progress = members.summaries, members.failures, members.progress
-    wall = timings.session()
+    wall = timings.session()  # the training's, before the scoring
     before = timings.before(summaries)
+    consensus = None if members.stopped_by == "interrupted" else _consensus_return(members)
     if members.solved_at is not None:
         members.solved_at["wall_seconds"] = before + members.solved_at["session_wall_seconds"]
     return {
@@ -686,9 +687,7 @@ def _summary(members: Swarm, timings: Timings, earlier_return: float) -> dict:
         f"parameters) over {CONSENSUS_EPISODES} fresh episodes, as `gossiprl eval` scores it",
         "agents_mean_return": _mean([s["mean_return"] for s in summaries.values()]),
         "agents_min_return": min((s["mean_return"] for s in summaries.values()), default=math.nan),
-        "consensus_return": None
-        if members.stopped_by == "interrupted"
-        else _consensus_return(members.run_dir, members.echo),
+        "consensus_return": consensus,
         "episodes": progress.episodes,
         "agents": members.cfg.agents,
         "stopped_by": members.stopped_by,
@@ -718,15 +717,19 @@ CONSENSUS_EPISODES = 10
 holds the figure `gossiprl eval` prints for it (same episodes, seeds and sampled actions)."""
 
 
-def _consensus_return(run_dir: Path, echo) -> float | None:
+def _consensus_return(members: Swarm) -> float | None:
     """The consensus policy's mean return, for summary.json beside the agents' own; None where no agent
-    left a checkpoint or Ctrl-C cut the scoring short (a run that was interrupted is not scored)."""
+    left a checkpoint or Ctrl-C or SIGTERM cut the scoring short (a run that was interrupted is not
+    scored). A stop during the scoring stops the run: its summary is still written, and it says
+    "interrupted", so a study stops too (one SIGTERM is all a process gets: later ones are only noted)."""
     from .rl.consensus import evaluate_consensus
 
+    echo = members.echo
     echo(f"scoring the consensus policy (the mean of the agents' parameters) over {CONSENSUS_EPISODES} episodes")
     try:
-        return evaluate_consensus(run_dir, episodes=CONSENSUS_EPISODES)["mean"]
-    except KeyboardInterrupt:  # the run itself is over: its summary is still written
+        return evaluate_consensus(members.run_dir, episodes=CONSENSUS_EPISODES)["mean"]
+    except KeyboardInterrupt:
+        members.stopped_by = "interrupted"
         echo("consensus policy not scored: interrupted")
     except (FileNotFoundError, ValueError) as err:
         echo(f"consensus policy not scored: {err}")

@@ -116,3 +116,20 @@ def test_topology_none_is_a_swarm_without_gossip_and_none_alone_is_a_ring():
     assert mixing.unused_gossip_settings(gossips=False) == ["gossip_every", "aggregate"]
     assert mixing.unused_gossip_settings(gossips=True) == []
     assert AgentConfig().unused_gossip_settings(gossips=False) == []
+
+
+def test_a_stop_while_the_consensus_policy_is_scored_stops_the_run(monkeypatch, tmp_path):
+    """The scoring swallowed Ctrl-C and SIGTERM ("the run is over"), so a study went on to its next cell;
+    and as a process heeds only its first SIGTERM, no later one could stop it. The run now reads as
+    interrupted, which stops a study and makes `gossiprl run` exit 130 or 143."""
+    from gossiprl.rl import consensus
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(consensus, "evaluate_consensus", interrupted)
+    swarm = launch.Swarm.__new__(launch.Swarm)  # only what the scoring reads
+    swarm.run_dir, swarm.stopped_by, said = tmp_path, "total frames", []
+    swarm.echo = said.append
+    assert launch._consensus_return(swarm) is None
+    assert swarm.stopped_by == "interrupted" and said[-1] == "consensus policy not scored: interrupted"
