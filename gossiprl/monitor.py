@@ -84,9 +84,6 @@ class StatsServer:
         self._thread = threading.Thread(target=self._serve, name="stats-http", daemon=True)
         self._thread.start()
 
-    def snapshot(self) -> dict:
-        return self._current()[0]
-
     def _current(self) -> tuple[dict, dict]:
         """The latest stats and the answers rendered from them (filled in as they are asked for)."""
         with self._lock:
