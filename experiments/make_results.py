@@ -222,7 +222,8 @@ def study_section(folder: str, results: Path) -> list[str]:
     if folder in NOTES:
         lines += [f"**Note.** {NOTES[folder]}", ""]
     frames_per_agent = bool(meta.get("frames_per_agent"))
-    lines += ["**What the data says.**", ""]
+    so_far = f" (so far: {len(rows)} of {len(cells)} cells; a verdict may change as the rest come in)"
+    lines += [f"**What the data says{so_far if missing else ''}.**", ""]
     lines += claims.claim_lines(name, arms, bounds, frames_per_agent, tuple(stale))
     lines += claims.equal_total_lines(name, arms, bounds, tuple(stale))
     lines += iqm_lines(arms, settings, bounds, frames_per_agent)

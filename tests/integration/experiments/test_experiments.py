@@ -8,10 +8,12 @@ study's netns cell only where root can make network namespaces)."""
 import json
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -338,6 +340,20 @@ def test_readme_seeds_runs_again_only_a_run_that_did_not_end_as_the_readme_comma
     if summary is not None:
         (tmp_path / "summary.json").write_text(json.dumps(summary))
     assert readme_seeds._ended(tmp_path) is ended
+
+
+def test_a_study_with_missing_cells_says_its_verdicts_are_so_far(tmp_path):
+    """A study part-way through its plan read "This data contradicts it" on 3 seeds of a planned 5, with
+    nothing beside the verdict to say more cells were to come. A copy of a committed study with one
+    cell taken away says how many of its cells the verdicts rest on."""
+    committed = Path(make_results.__file__).parent / "results" / "ordering_ablation"
+    copy = tmp_path / "results" / "ordering_ablation"
+    shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("runs", "*.png"))
+    cells = sorted((copy / "cells").glob("*.json"))
+    planned = len(json.loads((copy / "study.json").read_text())["seeds"]) * len(ordering_ablation.MODES)
+    cells[-1].unlink()
+    text = "\n".join(make_results.study_section("ordering_ablation", tmp_path / "results"))
+    assert f"**What the data says (so far: {len(cells) - 1} of {planned} cells;" in text
 
 
 def test_study_help_runs_as_a_script():
