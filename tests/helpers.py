@@ -121,12 +121,13 @@ def start_endless_swarm(run_dir, *flags, **popen):
     return subprocess.Popen(command, **popen)
 
 
-def wait_until_training(run_dir, launcher, timeout, what="agents never started training"):
-    """Both agents of ``start_endless_swarm`` have logged a first row (and so built envs, joined the broker,
-    made an update). metrics.csv is created empty before the first update: its existence said less."""
+def wait_until_training(run_dir, launcher, timeout, what="agents never started training", agents=2):
+    """Every agent of the run in ``run_dir`` (``start_endless_swarm``'s two by default) has logged a first
+    row (and so built envs, joined the broker, made an update). metrics.csv is created empty before the
+    first update: its existence said less."""
 
     def logged(r: int) -> bool:
         path = run_dir / f"agent-{r}" / "metrics.csv"
         return path.exists() and path.stat().st_size > 0
 
-    wait_for(lambda: logged(0) and logged(1), timeout, what, process=launcher)
+    wait_for(lambda: all(logged(r) for r in range(agents)), timeout, what, process=launcher)

@@ -42,7 +42,7 @@ from experiments.common import (
 )
 from gossiprl import launch
 from gossiprl.rl.agent import AgentConfig
-from helpers import wait_for
+from helpers import wait_until_training
 
 FRAMES = "8000"
 QUARTER = "2000"
@@ -266,17 +266,6 @@ def test_agents_without_gossip_resume_each_from_its_own_checkpoint_or_afresh(tmp
     assert afresh["run_wall_seconds"] == afresh["wall_seconds"]
 
 
-def _wait_for_rows(run_dir, agents: int, process) -> None:
-    """Every agent of the run in ``run_dir`` has logged a row: it trains, and will checkpoint at a stop."""
-    metrics = [run_dir / f"agent-{r}" / "metrics.csv" for r in range(agents)]
-    wait_for(
-        lambda: all(m.exists() and len(m.read_text().splitlines()) > 1 for m in metrics),
-        120,
-        "the ring never logged a row",
-        process=process,
-    )
-
-
 @pytest.mark.timeout(180)
 def test_a_study_stopped_by_sigterm_checkpoints_the_cell_it_cut_and_exits_143(tmp_path):
     """A scheduler's kill (scancel, systemd, timeout) reaches the study's own process: it stops the
@@ -288,7 +277,7 @@ def test_a_study_stopped_by_sigterm_checkpoints_the_cell_it_cut_and_exits_143(tm
     study = subprocess.Popen(
         [*command, "--only", "2 agents, ring", "--out", str(out)], stderr=subprocess.PIPE, text=True
     )
-    _wait_for_rows(out / "runs" / cell, 2, study)
+    wait_until_training(out / "runs" / cell, study, 120, "the ring never logged a row")
     study.send_signal(signal.SIGTERM)
     _, err = study.communicate(timeout=60)
     assert study.returncode == 143, err
@@ -306,7 +295,7 @@ def test_readme_seeds_stopped_by_sigterm_lets_its_run_checkpoint_and_goes_on_fro
     command = [sys.executable, "-m", "experiments.readme_seeds", "--seeds", "1", "--total-frames", "80000"]
     command += ["--eval-episodes", "1", "--out", str(out)]
     seeds = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    _wait_for_rows(out / "runs" / "seed1", 4, seeds)
+    wait_until_training(out / "runs" / "seed1", seeds, 120, "the ring never logged a row", agents=4)
     seeds.send_signal(signal.SIGTERM)
     _, err = seeds.communicate(timeout=90)
     assert seeds.returncode == 143, err
