@@ -678,21 +678,42 @@ def iqm_text(rows: list[dict], bounds: tuple[float, float]) -> str:
     return claims.interval_text(stats.iqm_interval([scores]).clipped(bounds))
 
 
+def and_list(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def budget_lines(results: Path) -> list[str]:
-    """The budget actually spent, from the shared cells (each real run counted once)."""
+    """The budget actually spent, from the shared cells (each real run counted once), and each
+    study's budget per cell, read from its study.json."""
     rows = [json.loads(p.read_text()) for p in sorted((results / "_shared").glob("*.json"))]
     if not rows:
         return []
     frames = sum(r["frames"] for r in rows)
     seconds = sum(r["wall_s"] for r in rows)
+    budgets: dict[tuple[int, bool], list[str]] = {}
+    for folder in STUDIES:
+        meta_path = results / folder / "study.json"
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            budgets.setdefault((meta["frames_per_cell"], meta.get("frames_per_agent", False)), []).append(folder)
+    per_study = "; ".join(
+        f"{frames_per_cell:,} {'for each agent' if per_agent else 'for the whole swarm'} in {and_list(folders)}"
+        for (frames_per_cell, per_agent), folders in sorted(budgets.items(), key=lambda kv: (not kv[0][1], -kv[0][0]))
+    )
+    small = [folder for (frames_per_cell, per_agent), folders in budgets.items() if not per_agent for folder in folders]
+    caveat = (
+        f" The whole-swarm budgets of {and_list(small)} were chosen from a short probe of a 4-agent ring on MinAtar "
+        "Breakout so that they fit the two hours the machine was first available; that is far below what MinAtar "
+        "agents need to learn well, so their scores are early-training scores."
+        if small
+        else ""
+    )
     return [
         "**Budget.** The studies' distinct runs (a run shared by two studies counted once): "
         f"{len(rows)} runs, {frames / 1e6:.1f} M frames in {seconds / 60:.0f} min of wall-clock, "
-        f"{frames / seconds:.0f} frames/s on average including process start-up and evaluation. The frames "
-        "per cell of the ordering, topology, scaling, batch and layout studies were chosen from a short probe "
-        "of a 4-agent ring on MinAtar Breakout so that they fit the two hours the machine was first available "
-        "(`experiments/run_all.sh`); that budget is far below what MinAtar agents need to learn well, so their "
-        "scores are early-training scores. Each study's setup gives its budget.",
+        f"{frames / seconds:.0f} frames/s on average including process start-up and evaluation. "
+        f"Frames per cell: {per_study}.{caveat} Each study's setup gives its budget and "
+        "`experiments/run_all.sh` runs them all.",
         "",
     ]
 

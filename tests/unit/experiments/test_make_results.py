@@ -1,0 +1,38 @@
+"""RESULTS.md's budget paragraph is read from the studies' own records, so it cannot go stale as a
+study's budget changes."""
+
+import json
+
+from experiments import make_results
+
+
+def write_study(results, folder, frames_per_cell, per_agent):
+    (results / folder).mkdir(parents=True)
+    meta = {"frames_per_cell": frames_per_cell, **({"frames_per_agent": True} if per_agent else {})}
+    (results / folder / "study.json").write_text(json.dumps(meta))
+
+
+def test_the_budget_paragraph_names_each_studys_frames_and_flags_only_the_small_whole_swarm_ones(tmp_path):
+    (tmp_path / "_shared").mkdir()
+    for i, (frames, wall_s) in enumerate([(4_000_000, 800.0), (100_000, 40.0)]):
+        (tmp_path / "_shared" / f"{i}.json").write_text(json.dumps({"frames": frames, "wall_s": wall_s}))
+    write_study(tmp_path, "scaling", 1_000_000, per_agent=True)
+    write_study(tmp_path, "ordering_ablation", 1_000_000, per_agent=True)
+    write_study(tmp_path, "layout", 100_000, per_agent=False)
+
+    text = make_results.budget_lines(tmp_path)[0]
+
+    assert "2 runs, 4.1 M frames in 14 min of wall-clock, 4881 frames/s" in text
+    assert "1,000,000 for each agent in ordering_ablation and scaling; 100,000 for the whole swarm in layout." in text
+    assert "The whole-swarm budgets of layout were chosen from a short probe" in text
+
+
+def test_without_a_whole_swarm_budget_no_early_training_caveat_is_given(tmp_path):
+    (tmp_path / "_shared").mkdir()
+    (tmp_path / "_shared" / "0.json").write_text(json.dumps({"frames": 1_000_000, "wall_s": 100.0}))
+    write_study(tmp_path, "scaling", 1_000_000, per_agent=True)
+
+    text = make_results.budget_lines(tmp_path)[0]
+
+    assert "1,000,000 for each agent in scaling." in text
+    assert "early-training" not in text
