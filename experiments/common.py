@@ -42,7 +42,7 @@ import numpy as np
 
 from gossiprl import launch
 from gossiprl.rl.a2c import ATARI_LR, A2CConfig, resolve_defaults
-from gossiprl.rl.agent import AgentConfig
+from gossiprl.rl.agent import AgentConfig, CheckpointError, load_checkpoint
 from gossiprl.rl.consensus import evaluate_consensus
 from gossiprl.rl.envs import is_minatar
 from gossiprl.rl.learners import LEARNERS
@@ -188,10 +188,7 @@ def run_study(
     shared = Path(shared) if shared is not None else out.parent / "_shared"
     for folder in (out / "cells", out / "curves", shared):
         folder.mkdir(parents=True, exist_ok=True)
-    seeds = list(dict.fromkeys(c.seed for c in cells))
-    # seed by seed, every setting once per round: the load other jobs put on the shared cores
-    # drifts over the hours a study runs, and this spreads it over the settings alike
-    cells = sorted(cells, key=lambda c: seeds.index(c.seed))
+    cells = in_run_order(cells)
     for k, cell in enumerate(cells, 1):
         row_path = out / "cells" / f"{cell.key}.json"
         fingerprint = cell_fingerprint(cell, env_id, eval_episodes)
@@ -213,6 +210,55 @@ def run_study(
         _write_json(row_path, row)
         echo(f"[{k}/{len(cells)}] {describe(row)}{note}")
     return load_rows(out, cells)
+
+
+def in_run_order(cells: list[Cell]) -> list[Cell]:
+    """Seed by seed, every setting once per round: the load other jobs put on the shared cores
+    drifts over the hours a study runs, and this spreads it over the settings alike."""
+    seeds = list(dict.fromkeys(c.seed for c in cells))
+    return sorted(cells, key=lambda c: seeds.index(c.seed))
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """What running a cell in a study's dir would do now, read without running or writing anything."""
+
+    state: str
+    """"done", "cached" (another study ran it: copied), "trained" (stopped while scoring: scored
+    only), "cut" (goes on from its checkpoints) or "to run"."""
+    frames_left: int
+    """Frames its agents would still train, in all."""
+    note: str = ""
+
+
+def cell_plan(cell: Cell, out: Path, env_id: str, eval_episodes: int, shared: Path | None = None) -> CellPlan:
+    """What ``run_study`` would do with ``cell`` in ``out``, decided as it decides (its row, the
+    shared cache, ``kept_sessions``); a cut cell's frames left are its budget less what its agents'
+    checkpoints hold."""
+    out = Path(out)
+    shared = Path(shared) if shared is not None else out.parent / "_shared"
+    fingerprint = cell_fingerprint(cell, env_id, eval_episodes)
+    row_path = out / "cells" / f"{cell.key}.json"
+    older = row_path.exists() and json.loads(row_path.read_text()).get("fingerprint") != fingerprint
+    if row_path.exists() and not older:
+        return CellPlan("done", 0)
+    if (shared / f"{fingerprint}.json").exists():
+        return CellPlan("cached", 0)
+    run_dir = out / "runs" / cell.key
+    sessions, trained = kept_sessions(run_dir, fingerprint) if cell.runner is None else (0, False)
+    if trained:
+        return CellPlan("trained", 0)
+    notes = ["replaces a row from an older loop or other settings"] if older else []
+    if not sessions:
+        return CellPlan("to run", cell.total_frames, "; ".join(notes))
+    kept = 0
+    for path in (run_dir / f"agent-{rank}" / "checkpoint.pt" for rank in range(cell.agents)):
+        try:
+            kept += load_checkpoint(path)["counters"]["frames"] if path.exists() else 0
+        except CheckpointError as err:  # that agent's resume fails on it, and says why
+            notes.append(str(err))
+    notes.insert(0, f"session {sessions + 1} goes on from {kept:,} frames in its checkpoints")
+    return CellPlan("cut", max(0, cell.total_frames - kept), "; ".join(notes))
 
 
 def shared_row(cell: Cell, shared: Path, fingerprint: str) -> dict | None:
@@ -333,18 +379,28 @@ def start_session(run_dir: Path, fingerprint: str, resumable: bool) -> tuple[int
     then stands for the training. The record lives beside the run dir, in ``<key>.cell.json``, since
     launch refuses a run dir it did not make; anything else there, a run of other settings, or one
     stopped before any agent's first checkpoint, is cleared."""
-    marker = _marker(run_dir)
-    kept = json.loads(marker.read_text()) if resumable and marker.exists() else {}
-    if kept.get("fingerprint") == fingerprint and kept.get("trained") and (run_dir / "summary.json").exists():
-        return kept["sessions"], True
-    sessions = 0
-    if kept.get("fingerprint") == fingerprint and (run_dir / "config.json").exists():
-        sessions = kept["sessions"] if any(run_dir.glob("agent-*/checkpoint.pt")) else 0
+    sessions, trained = kept_sessions(run_dir, fingerprint) if resumable else (0, False)
+    if trained:
+        return sessions, True
     if not sessions and run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(marker, {"fingerprint": fingerprint, "sessions": sessions + 1})
+    _write_json(_marker(run_dir), {"fingerprint": fingerprint, "sessions": sessions + 1})
     return sessions + 1, False
+
+
+def kept_sessions(run_dir: Path, fingerprint: str) -> tuple[int, bool]:
+    """(the sessions a stopped study's run of this cell had, whether it finished training), or
+    (0, False) where ``run_dir`` holds nothing of this cell to go on from."""
+    marker = _marker(run_dir)
+    kept = json.loads(marker.read_text()) if marker.exists() else {}
+    if kept.get("fingerprint") != fingerprint:
+        return 0, False
+    if kept.get("trained") and (run_dir / "summary.json").exists():
+        return kept["sessions"], True
+    if (run_dir / "config.json").exists() and any(run_dir.glob("agent-*/checkpoint.pt")):
+        return kept["sessions"], False
+    return 0, False
 
 
 def _marker(run_dir: Path) -> Path:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,10 @@ from experiments.common import (
     Cell,
     aggregate,
     cell_key,
+    cell_plan,
     fresh_out,
+    in_run_order,
+    load_rows,
     parse_seeds,
     read_curves,
     run_study,
@@ -114,13 +118,19 @@ def command(study: Study) -> click.Command:
         "RESULTS.md lists them as missing until run): e.g. arms another study's cache already holds.",
     )
     @click.option(
+        "--plan",
+        is_flag=True,
+        help="Run nothing and write nothing: say what each planned cell needs now (done, in the shared cache, "
+        "cut with checkpoints, to run) and the frames and hours left, in this window and in all.",
+    )
+    @click.option(
         "--out",
         type=click.Path(file_okay=False, path_type=Path),
         default=None,
         help=f"Results dir; give an existing one to resume it, experiments/results/{study.name} to update the "
         f"committed results [default: a fresh runs/{study.name}-<time>/, or a temporary dir with --quick].",
     )
-    def main(quick, seeds, frames, env_id, eval_episodes, max_agents, max_frames_per_agent, only, out):
+    def main(quick, seeds, frames, env_id, eval_episodes, max_agents, max_frames_per_agent, only, plan, out):
         given_env, given_frames, given_out = env_id, frames, out
         env_id = env_id or (QUICK_ENV if quick else REAL_ENV)
         try:
@@ -142,6 +152,12 @@ def command(study: Study) -> click.Command:
             raise click.BadParameter(
                 f"{study.name} has no setting {unknown[0]!r}; its settings: {'; '.join(settings)}", param_hint="--only"
             )
+        now = run_now([c for c in cells if c.seed in seed_list], max_agents, max_frames_per_agent, only)
+        eval_episodes = eval_episodes or default_eval_episodes(quick)
+        if plan:
+            for line in plan_lines(study, cells, now, out, env_id, eval_episodes):
+                click.echo(line)
+            return
         out.mkdir(parents=True, exist_ok=True)
         (out / "study.json").write_text(
             json.dumps(
@@ -166,10 +182,9 @@ def command(study: Study) -> click.Command:
             f"{frames:,} frames each on {env_id} -> {out}"
             + (f"; seeds {', '.join(map(str, seed_list))} now" if planned != seed_list else "")
         )
-        now = run_now([c for c in cells if c.seed in seed_list], max_agents, max_frames_per_agent, only)
         stop_on_sigterm()  # a scheduler's kill: the cell in progress checkpoints, as on Ctrl-C
         try:
-            run_study(now, out, env_id, threshold, eval_episodes or default_eval_episodes(quick), echo=click.echo)
+            run_study(now, out, env_id, threshold, eval_episodes, echo=click.echo)
             # every planned cell finished so far, this run's or an earlier one's: a window that ran some
             # settings must not trim the tables and the figure to them
             rows, older, _ = shown_rows(out, cells, env_id)
@@ -248,6 +263,50 @@ def run_now(
         and (max_frames_per_agent is None or c.total_frames // c.agents <= max_frames_per_agent)
         and (not only or c.setting in only)
     ]
+
+
+PLAN_STATES = {
+    "done": "done",
+    "cached": "in the shared cache (another study ran it): copied, not run",
+    "trained": "trained, stopped while its policies were scored: scored only",
+    "cut": "cut",
+    "to run": "to run",
+}
+
+
+def plan_lines(
+    study: Study, cells: list[Cell], now: list[Cell], out: Path, env_id: str, eval_episodes: int
+) -> list[str]:
+    """--plan: each planned cell in the order the study runs them, what it needs now, and the frames
+    left in this window (``now``) and in the whole plan, with the hours they take at the pace of the
+    study's finished cells (start-up and scoring included, as the machine's load was when they ran)."""
+    plans = {c.key: cell_plan(c, out, env_id, eval_episodes) for c in cells}
+    window = {c.key for c in now}
+    lines = []
+    for k, c in enumerate(in_run_order(cells), 1):
+        plan = plans[c.key]
+        what = PLAN_STATES[plan.state] + (f": {plan.frames_left:,} frames" if plan.frames_left else "")
+        notes = [plan.note] if plan.note else []
+        if plan.frames_left and c.key not in window:
+            notes.append("not in this window")
+        notes_text = f" ({'; '.join(notes)})" if notes else ""
+        lines.append(f"[{k}/{len(cells)}] {c.setting}, seed {c.seed}: {what}{notes_text}")
+    rows = load_rows(out, cells)
+    pace = sum(r["frames"] for r in rows) / sum(r["wall_s"] for r in rows) if rows else None
+
+    def left(keys) -> str:
+        frames = sum(plans[key].frames_left for key in keys)
+        hours = f", about {frames / pace / 3600:.1f} h at {pace:,.0f} frames/s" if pace and frames else ""
+        return f"{frames / 1e6:,.1f} M frames{hours}"
+
+    counts = Counter(plan.state for plan in plans.values())
+    states = ", ".join(f"{counts[state]} {state}" for state in PLAN_STATES if counts[state])
+    lines.append(
+        f"{study.name}: {len(cells)} cells planned ({states}). Left in this window ({len(window)} cells): "
+        f"{left(window)}; in the whole plan: {left(plans)}."
+        + ("" if pace else " No finished cell of this study yet to time the rest by.")
+    )
+    return lines
 
 
 def planned_cells(study: Study, quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:

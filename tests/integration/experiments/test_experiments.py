@@ -33,8 +33,10 @@ from experiments import (
 from experiments.common import (
     QUICK_ENV,
     Cell,
+    CellPlan,
     cell_fingerprint,
     cell_key,
+    cell_plan,
     ci95,
     run_study,
     start_session,
@@ -216,9 +218,13 @@ def test_a_cell_cut_short_goes_on_from_its_checkpoints(tmp_path):
     assert start_session(run_dir, fingerprint, resumable=True) == (1, False)
     agent = AgentConfig(env_id=QUICK_ENV, seed=1, device="cpu", log_every=2, checkpoint_every=5)
     launch.run(replace(cell.swarm, total_frames=4000), agent, run_dir, show_progress=False, echo=lambda *a: None)
+    # --plan reads the same state run_study will go on from: the checkpoints' frames, not the budget
+    cut = CellPlan("cut", 4000, "session 2 goes on from 4,000 frames in its checkpoints")
+    assert cell_plan(cell, out, QUICK_ENV, 2) == cut
 
     lines = []
     (row,) = run_study([cell], out, QUICK_ENV, 475.0, 2, echo=lines.append)
+    assert cell_plan(cell, out, QUICK_ENV, 2) == CellPlan("done", 0)
     assert row["sessions"] == 2 and row["frames"] == 8000, lines
     assert row["timed_frames"] == pytest.approx(2000) and row["steps_per_update"] == 80  # its last session: 25 updates
     curve = (out / "curves" / f"{cell.key}.csv").read_text().splitlines()[1:]
@@ -230,8 +236,10 @@ def test_a_cell_cut_short_goes_on_from_its_checkpoints(tmp_path):
     assert checkpoint["counters"]["frames"] == 4000
 
     # stopped while it scored the policies: the row is made again from the finished run's summary
-    for path in (out / "cells" / f"{cell.key}.json", out.parent / "_shared" / f"{fingerprint}.json"):
-        path.unlink()
+    (out / "cells" / f"{cell.key}.json").unlink()
+    assert cell_plan(cell, out, QUICK_ENV, 2) == CellPlan("cached", 0)
+    (out.parent / "_shared" / f"{fingerprint}.json").unlink()
+    assert cell_plan(cell, out, QUICK_ENV, 2) == CellPlan("trained", 0)
     (again,) = run_study([cell], out, QUICK_ENV, 475.0, 2, echo=lines.append)
     assert again["sessions"] == 2 and again["timed_frames"] == pytest.approx(2000)
     assert again["per_agent_last100"] == row["per_agent_last100"]
@@ -284,6 +292,16 @@ def test_a_study_stopped_by_sigterm_checkpoints_the_cell_it_cut_and_exits_143(tm
     assert f"scaling stopped: the same command with --out {shlex.quote(str(out))} goes on, from the cell it cut" in err
     assert all((out / "runs" / cell / f"agent-{r}" / "checkpoint.pt").exists() for r in (0, 1))
     assert not (out / "cells" / f"{cell}.json").exists()  # no row: the cell is not done
+
+    # --plan on the stopped study: says what is left, and runs and writes nothing
+    tree = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    plan = CliRunner().invoke(scaling.main, [*command[3:], "--plan", "--out", str(out)], catch_exceptions=False)
+    assert plan.exit_code == 0, plan.output
+    went_on = r"2 agents, ring, seed 1: cut: [\d,]+ frames \(session 2 goes on from [\d,]+ frames in its checkpoints\)"
+    assert re.search(went_on, plan.output), plan.output
+    assert "1 agent (plain A2C), seed 1: to run: 400,000 frames\n" in plan.output
+    assert "No finished cell of this study yet to time the rest by." in plan.output
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == tree
 
 
 @pytest.mark.timeout(240)
