@@ -291,7 +291,7 @@ def plan_lines(
             notes.append("not in this window")
         notes_text = f" ({'; '.join(notes)})" if notes else ""
         lines.append(f"[{k}/{len(cells)}] {c.setting}, seed {c.seed}: {what}{notes_text}")
-    rows = load_rows(out, cells)
+    rows = load_rows(out, [c for c in cells if plans[c.key].state == "done"])  # not an older run's rows
     pace = sum(r["frames"] for r in rows) / sum(r["wall_s"] for r in rows) if rows else None
 
     def left(keys) -> str:
