@@ -415,6 +415,8 @@ class Swarm:
         self._reported: set[int] = set()
         self.stopped_by = "total frames"
         self.solved_at: dict | None = None
+        self.join_s = LAUNCHER_JOIN_S
+        """How long ``close`` waits for each agent to leave before it kills it: none after a second Ctrl-C."""
         self._followers: tuple | None = None
         """(timings, swarm log, progress bar) once ``watch`` began: every progress report goes to them."""
 
@@ -537,17 +539,23 @@ class Swarm:
 
     def interrupted(self, timeout: float = 60) -> None:
         """Ctrl-C or SIGTERM: stop the agents and wait for their final reports (they checkpoint first),
-        but not for agents the same signal ended (a scheduler signals the whole process group)."""
+        but not for agents the same signal ended (a scheduler signals the whole process group). A second
+        Ctrl-C ends the wait: ``close`` then kills the agents still running, and the run still ends with
+        its summary (it used to escape as click's "Aborted!", exit 1, with no summary.json)."""
         self.stopped_by = "interrupted"
-        self.echo("\ninterrupted: stopping agents (they write a final checkpoint)")
+        self.echo("\ninterrupted: stopping agents (they write a final checkpoint; Ctrl-C again stops them at once)")
         self.stop.set()
         deadline = time.monotonic() + timeout
-        while not self.finished and time.monotonic() < deadline:
-            try:
-                self._record(*self.reports.get(timeout=0.5))
-            except queue.Empty:
-                pass
-            self._find_the_dead()
+        try:
+            while not self.finished and time.monotonic() < deadline:
+                try:
+                    self._record(*self.reports.get(timeout=0.5))
+                except queue.Empty:
+                    pass
+                self._find_the_dead()
+        except KeyboardInterrupt:
+            self.join_s = 0
+            self.echo("stopping at once: the agents still running are killed and keep their last periodic checkpoint")
 
     def broker_stats(self) -> dict | None:
         return self.broker.stats() if self.broker else None
@@ -565,15 +573,17 @@ class Swarm:
 
     def close(self, swarm_log) -> None:
         """Stop and join every agent, killing those that do not leave (SIGTERM only stops them again),
-        then close the broker."""
+        then close the broker. An agent killed here, or gone without a final report, is named failed
+        (summary.json's "failed"), not left out unsaid."""
         self.stop.set()
         for p in self.procs.values():
             if p.pid is None:  # start() itself failed; its error is already on its way up
                 continue
-            p.join(timeout=LAUNCHER_JOIN_S)
+            p.join(timeout=self.join_s)
             if p.is_alive():
                 p.kill()
                 p.join(5)
+        self._find_the_dead()
         self._await_byes()
         swarm_log.write(self.broker_stats(), force=True)
         if self.stats_server is not None:

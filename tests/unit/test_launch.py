@@ -1,6 +1,7 @@
 """gossiprl/launch.py's own logic, without starting a swarm."""
 
 import multiprocessing
+import threading
 
 import pytest
 
@@ -76,7 +77,7 @@ class Logged:
     def add(self, rank, report):
         self.rows.append((rank, report))
 
-    def write(self, broker_stats):
+    def write(self, broker_stats, force=False):
         pass
 
 
@@ -133,3 +134,53 @@ def test_a_stop_while_the_consensus_policy_is_scored_stops_the_run(monkeypatch, 
     swarm.echo = said.append
     assert launch._consensus_return(swarm) is None
     assert swarm.stopped_by == "interrupted" and said[-1] == "consensus policy not scored: interrupted"
+
+
+class Running:
+    """An agent process that leaves only when killed."""
+
+    pid, exitcode = 1, None
+
+    def __init__(self):
+        self.waited = []
+
+    def is_alive(self):
+        return self.exitcode is None
+
+    def join(self, timeout=None):
+        self.waited.append(timeout)
+
+    def kill(self):
+        self.exitcode = -9
+
+
+class SecondCtrlC:
+    """The launcher's reports, while the user presses Ctrl-C again during the wait for them."""
+
+    def get(self, timeout):
+        raise KeyboardInterrupt
+
+    def left_by(self, rank):
+        return []
+
+
+def test_a_second_ctrl_c_kills_the_agents_at_once_and_the_run_still_ends_with_its_summary():
+    """A second Ctrl-C during the stop escaped as click's "Aborted!" (exit 1, no summary.json), after
+    the launcher had waited up to 30 s for each agent. Now the wait ends, the agents still running are
+    killed without it, and summary.json names them failed."""
+    swarm = launch.Swarm.__new__(launch.Swarm)  # only what interrupted and close read
+    said = []
+    swarm.procs, swarm.reports, swarm.echo = {0: Running(), 1: Running()}, SecondCtrlC(), said.append
+    swarm.summaries, swarm.failures, swarm.stop = {}, {}, threading.Event()
+    swarm.cfg, swarm.broker, swarm.stats_server = launch.SwarmConfig(agents=2), None, None
+    swarm.join_s = launch.LAUNCHER_JOIN_S
+
+    try:
+        swarm.interrupted()  # returns: run() goes on to write the summary
+    except KeyboardInterrupt:
+        pytest.fail("the second Ctrl-C escaped the stop: no summary.json")
+    swarm.close(Logged())
+
+    assert swarm.stopped_by == "interrupted" and said[-1].startswith("stopping at once")
+    assert [p.waited[0] for p in swarm.procs.values()] == [0, 0] and all(p.exitcode == -9 for p in swarm.procs.values())
+    assert swarm.failures == {r: "process exited with code -9 without a report" for r in (0, 1)}
