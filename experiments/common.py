@@ -545,8 +545,19 @@ def _time_split(summaries: list[dict], curves: list[dict]) -> dict:
 
 
 def read_curves(out: Path, key: str) -> list[dict]:
+    """A cell's curve, each agent's rows in the order it logged them. Where a run was resumed after a
+    kill (OOM, a machine's session end), the rows its killed session logged past the checkpoint it
+    went on from are left out: the resumed session logged those frames again, and metrics.csv kept
+    both until gossiprl.rl.agent.MetricsLog dropped them on resume (some committed curves have both)."""
     with open(Path(out) / "curves" / f"{key}.csv", newline="") as f:
-        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    kept: dict[float, list[dict]] = {}
+    for row in rows:
+        mine = kept.setdefault(row["agent"], [])
+        while mine and mine[-1]["frames"] >= row["frames"]:
+            mine.pop()
+        mine.append(row)
+    return [row for mine in kept.values() for row in mine]
 
 
 def swarm_curve(rows: list[dict], x: str, grid: np.ndarray, agents: int, hold_last: bool = False) -> np.ndarray:

@@ -116,7 +116,7 @@ def train(
         if resume and not checkpoint:  # rejoining a running swarm with no checkpoint: start from the neighbours'
             _adopt(gossip, a.flat_params, rank, agent_dir, stop)
         a.start_rollout(stop)
-        log = MetricsLog(agent_dir, resume, purge_step=tally.frames if checkpoint else None)
+        log = MetricsLog(agent_dir, resumed_at=tally.frames if resume else None)
         try:
             tally.start()
             _loop(a, cfg, rank, tally, gossip, log, checkpoint_path, stop, progress)
@@ -459,24 +459,45 @@ def pick_device(device: str, rank: int) -> torch.device:
     return torch.device(device)
 
 
+def _keep_rows_through(path: Path, frames: int) -> list[str]:
+    """Rewrite metrics.csv without its rows past ``frames``, or cut short by the kill (temp file +
+    rename: a crash leaves the old file whole); its header."""
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        at = header.index("frames")
+        rows = [row for row in reader if len(row) == len(header) and int(row[at]) <= frames]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    os.replace(tmp, path)
+    return header
+
+
 class MetricsLog:
     """metrics.csv plus TensorBoard under the same names, both keyed by frames.
 
     The CSV header is fixed when the first row is written (or read back on resume), so
     every row lines up even if gossip later reports a key it did not report at first.
+
+    ``resumed_at``: the frames a resumed run goes on from (its checkpoint's; 0 for an agent that
+    starts over), None for a fresh run. What a killed session (OOM, kill -9, a machine's session end)
+    logged past that point is dropped from both, since this session logs those frames again: the CSV
+    kept both, and a study's curve went back in frames where the run was resumed.
     """
 
-    def __init__(self, agent_dir: Path, resume: bool, purge_step: int | None):
+    def __init__(self, agent_dir: Path, resumed_at: int | None):
         path = agent_dir / "metrics.csv"
         self.columns: list[str] | None = None
-        if resume and path.exists() and path.stat().st_size > 0:
-            with open(path, newline="") as f:
-                self.columns = next(csv.reader(f))
+        if resumed_at is not None and path.exists() and path.stat().st_size > 0:
+            self.columns = _keep_rows_through(path, resumed_at)
         self.file = open(path, "a" if self.columns else "w", newline="")
         self.csv: csv.DictWriter | None = None
         if self.columns:
             self.csv = csv.DictWriter(self.file, self.columns, extrasaction="ignore")
-        self.tb = SummaryWriter(str(agent_dir), purge_step=purge_step)
+        self.tb = SummaryWriter(str(agent_dir), purge_step=resumed_at)
 
     def write(self, row: dict, extra_scalars: dict[str, float]) -> None:
         if self.csv is None:

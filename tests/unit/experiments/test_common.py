@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import pytest
 
-from experiments.common import PLANE, Cell, cell_fingerprint, fresh_out, parse_seeds, ran_swarm
+from experiments.common import PLANE, Cell, cell_fingerprint, fresh_out, parse_seeds, ran_swarm, read_curves
 from experiments.study import RESULTS
 from gossiprl.launch import SwarmConfig
 from gossiprl.rl.a2c import ATARI_LR
@@ -226,3 +226,22 @@ def test_sync_cells_gossip_over_shared_memory_and_are_named_as_through_the_broke
         assert ran_swarm(replace(ring, swarm=swarm)).data_plane == "broker", swarm
     direct = SwarmConfig(agents=4, topology="ring", data_plane="direct")
     assert ran_swarm(replace(ring, swarm=direct)).data_plane == "direct"  # a plane the cell names is its own
+
+
+def test_a_curve_resumed_after_a_kill_reads_each_frame_once(tmp_path):
+    """Committed curves of runs resumed after a kill hold the killed session's rows past its checkpoint
+    and then the resumed session's rows from that checkpoint on: the curve went back in frames, which
+    np.interp reads as garbage. Each agent keeps the rows of the session that went on."""
+    (tmp_path / "curves").mkdir()
+    lines = ["agent,frames,wall_s,mean_return_100,wait_s,mix_s"]
+    lines += [f"0,{f},{f / 10},{f / 100},0,0" for f in (100, 200, 300, 400)]  # killed after its checkpoint at 200
+    lines += [f"0,{f},{f / 10 + 1},{f / 100 + 1},0,0" for f in (300, 400, 500)]  # resumed from 200
+    lines += [f"1,{f},{f / 10},{f / 100},0,0" for f in (100, 200, 300, 400, 500)]
+    (tmp_path / "curves" / "cell.csv").write_text("\n".join(lines) + "\n")
+
+    rows = read_curves(tmp_path, "cell")
+
+    assert [(r["agent"], r["frames"], r["mean_return_100"]) for r in rows] == [
+        (0, 100, 1.0), (0, 200, 2.0), (0, 300, 4.0), (0, 400, 5.0), (0, 500, 6.0),
+        (1, 100, 1.0), (1, 200, 2.0), (1, 300, 3.0), (1, 400, 4.0), (1, 500, 5.0),
+    ]  # fmt: skip

@@ -3,6 +3,7 @@ the vector env's truncation report, the flat parameter buffer, and the Nature CN
 
 import math
 import threading
+from dataclasses import replace
 
 import gymnasium as gym
 import numpy as np
@@ -579,3 +580,24 @@ def test_overlapped_gossip_scales_the_learning_rate_by_two_minus_the_self_weight
     agent.train(cfg, tmp_path, rank=0, gossip=StillHook())
     saved = agent.load_checkpoint(tmp_path / "agent-0" / "checkpoint.pt")
     assert saved["optimizer"]["param_groups"][0]["lr"] == pytest.approx(1e-3 * factor)
+
+
+def test_a_run_resumed_after_a_kill_logs_each_frame_once(tmp_path):
+    """A killed session (OOM, a machine's session end) logs rows past its last checkpoint; the resumed
+    one goes on from the checkpoint and logs those frames again. metrics.csv kept both, so a study's
+    curve went back in frames where a run was resumed. Now the resume drops the killed session's
+    rows past the checkpoint, and a row the kill cut short."""
+    from gossiprl.rl import agent
+
+    cfg = agent.AgentConfig(total_frames=4 * 20, log_every=1, checkpoint_every=1, torch_threads=1)
+    cfg = replace(cfg, a2c=A2CConfig(num_envs=4))  # 20 frames an update: 4 updates, a checkpoint at each
+    agent.train(cfg, tmp_path, rank=0)
+    metrics = tmp_path / "agent-0" / "metrics.csv"
+    header, *rows = metrics.read_text().splitlines()
+    past = [row.replace("80,", f"{frames},", 1) for frames in (100, 120) for row in rows[-1:]]
+    metrics.write_text("\n".join([header, *rows, *past, "140,0.1"]) + "\n")  # what a killed session left
+
+    agent.train(replace(cfg, total_frames=6 * 20), tmp_path, rank=0, resume=True)
+
+    frames = [int(row.split(",")[0]) for row in metrics.read_text().splitlines()[1:]]
+    assert frames == [20, 40, 60, 80, 100, 120]
