@@ -131,11 +131,14 @@ class Cell:
         return cell_key(self.setting, self.seed)
 
 
-def fresh_out(name: str, quick: bool) -> Path:
+def fresh_out(name: str, quick: bool, create: bool = True) -> Path:
     """A new directory for a run that named none, so the committed results are never written by
     accident: runs/<name>-<time>/ (git ignores runs/), or for --quick one inside a new temporary
-    directory, which then also holds the shared cell cache (``<out>/../_shared``)."""
+    directory, which then also holds the shared cell cache (``<out>/../_shared``). ``create=False``
+    (--plan, which writes nothing): a quick run's is named, not made."""
     if quick:
+        if not create:
+            return Path(tempfile.gettempdir()) / time.strftime(f"{name}-quick-%Y%m%d-%H%M%S") / name
         return Path(tempfile.mkdtemp(prefix=f"{name}-quick-")) / name
     return Path(__file__).resolve().parent.parent / "runs" / time.strftime(f"{name}-%Y%m%d-%H%M%S")
 
@@ -193,7 +196,7 @@ def run_study(
         row_path = out / "cells" / f"{cell.key}.json"
         fingerprint = cell_fingerprint(cell, env_id, eval_episodes)
         if row_path.exists():
-            if json.loads(row_path.read_text()).get("fingerprint") == fingerprint:
+            if read_record(row_path).get("fingerprint") == fingerprint:
                 echo(f"[{k}/{len(cells)}] {cell.setting}, seed {cell.seed}: done before, kept")
                 continue
             # a row from another loop version, env or settings is not this cell's result
@@ -239,7 +242,7 @@ def cell_plan(cell: Cell, out: Path, env_id: str, eval_episodes: int, shared: Pa
     shared = Path(shared) if shared is not None else out.parent / "_shared"
     fingerprint = cell_fingerprint(cell, env_id, eval_episodes)
     row_path = out / "cells" / f"{cell.key}.json"
-    older = row_path.exists() and json.loads(row_path.read_text()).get("fingerprint") != fingerprint
+    older = row_path.exists() and read_record(row_path).get("fingerprint") != fingerprint
     if row_path.exists() and not older:
         return CellPlan("done", 0)
     if (shared / f"{fingerprint}.json").exists():
@@ -267,7 +270,7 @@ def shared_row(cell: Cell, shared: Path, fingerprint: str) -> dict | None:
     path = Path(shared) / f"{fingerprint}.json"
     if not path.exists():
         return None
-    return {**json.loads(path.read_text()), "setting": cell.setting, **cell.labels}
+    return {**read_record(path), "setting": cell.setting, **cell.labels}
 
 
 def ran_swarm(cell: Cell) -> launch.SwarmConfig:
@@ -318,6 +321,19 @@ def a2c_rate(cell: Cell, env_id: str) -> float:
     return resolve_defaults(cell.a2c, env_id).lr
 
 
+def read_record(path: Path) -> dict:
+    """A cell's row, a shared cell or a run's marker (all written whole, by ``_write_json``); one that
+    is not a JSON object (edited by hand, a failing disk) stops the study with one line naming it."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        value = err
+    if not isinstance(value, dict):
+        why = f"{type(value).__name__}: {value}" if isinstance(value, Exception) else "not a JSON object"
+        raise click.ClickException(f"{path}: not a readable cell record ({why}); delete it and that cell runs afresh")
+    return value
+
+
 def _write_json(path: Path, value) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(value, indent=2))
@@ -335,7 +351,7 @@ def describe(row: dict) -> str:
 
 def load_rows(out: Path, cells: list[Cell] | None = None) -> list[dict]:
     """The finished rows, in the order of ``cells`` when given (missing cells are left out)."""
-    rows = {p.stem: json.loads(p.read_text()) for p in sorted((Path(out) / "cells").glob("*.json"))}
+    rows = {p.stem: read_record(p) for p in sorted((Path(out) / "cells").glob("*.json"))}
     if cells is None:
         return list(rows.values())
     return [rows[c.key] for c in cells if c.key in rows]
@@ -347,7 +363,7 @@ def older_keys(out: Path, cells: list[Cell], env_id: str) -> set[str]:
     for c in cells:
         path = Path(out) / "cells" / f"{c.key}.json"
         if path.exists():
-            row = json.loads(path.read_text())
+            row = read_record(path)
             if row.get("fingerprint") != cell_fingerprint(c, env_id, row.get("eval_episodes", 10)):
                 older.add(c.key)
     return older
@@ -393,7 +409,7 @@ def kept_sessions(run_dir: Path, fingerprint: str) -> tuple[int, bool]:
     """(the sessions a stopped study's run of this cell had, whether it finished training), or
     (0, False) where ``run_dir`` holds nothing of this cell to go on from."""
     marker = _marker(run_dir)
-    kept = json.loads(marker.read_text()) if marker.exists() else {}
+    kept = read_record(marker) if marker.exists() else {}
     if kept.get("fingerprint") != fingerprint:
         return 0, False
     if kept.get("trained") and (run_dir / "summary.json").exists():

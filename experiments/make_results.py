@@ -695,7 +695,7 @@ def budget_lines(results: Path) -> list[str]:
         meta_path = results / folder / "study.json"
         if meta_path.exists():
             meta = json.loads(meta_path.read_text())
-            budgets.setdefault((meta["frames_per_cell"], meta.get("frames_per_agent", False)), []).append(folder)
+            budgets.setdefault((meta["frames_per_cell"], bool(meta.get("frames_per_agent"))), []).append(folder)
     per_study = "; ".join(
         f"{frames_per_cell:,} {'for each agent' if per_agent else 'for the whole swarm'} in {and_list(folders)}"
         for (frames_per_cell, per_agent), folders in sorted(budgets.items(), key=lambda kv: (not kv[0][1], -kv[0][0]))

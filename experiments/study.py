@@ -139,7 +139,7 @@ def command(study: Study) -> click.Command:
             raise click.BadParameter(str(err), param_hint="--env") from None
         asked = parse_seeds(seeds, "1,2" if quick else "1,2,3,4,5")
         frames = frames or (study.quick_frames if quick else study.real_frames)
-        out = out or fresh_out(study.name, quick)
+        out = out or fresh_out(study.name, quick, create=not plan)
         planned, seed_list = window_seeds(out, study.name, env_id, frames, quick, asked, given=seeds is not None)
         if planned != asked:
             seeds = ",".join(map(str, planned))
@@ -279,15 +279,16 @@ def plan_lines(
 ) -> list[str]:
     """--plan: each planned cell in the order the study runs them, what it needs now, and the frames
     left in this window (``now``) and in the whole plan, with the hours they take at the pace of the
-    study's finished cells (start-up and scoring included, as the machine's load was when they ran)."""
+    study's finished cells (start-up and scoring included, as the machine's load was when they ran).
+    Frames left are an upper bound where the env has a solve threshold: a solved cell stops early."""
     plans = {c.key: cell_plan(c, out, env_id, eval_episodes) for c in cells}
-    window = {c.key for c in now}
+    window = {c.key for c in now if plans[c.key].state != "done"}
     lines = []
     for k, c in enumerate(in_run_order(cells), 1):
         plan = plans[c.key]
-        what = PLAN_STATES[plan.state] + (f": {plan.frames_left:,} frames" if plan.frames_left else "")
+        what = PLAN_STATES[plan.state] + (f": {_frames_text(plan.frames_left)}" if plan.frames_left else "")
         notes = [plan.note] if plan.note else []
-        if plan.frames_left and c.key not in window:
+        if plan.state != "done" and c.key not in window:
             notes.append("not in this window")
         notes_text = f" ({'; '.join(notes)})" if notes else ""
         lines.append(f"[{k}/{len(cells)}] {c.setting}, seed {c.seed}: {what}{notes_text}")
@@ -297,7 +298,7 @@ def plan_lines(
     def left(keys) -> str:
         frames = sum(plans[key].frames_left for key in keys)
         hours = f", about {frames / pace / 3600:.1f} h at {pace:,.0f} frames/s" if pace and frames else ""
-        return f"{frames / 1e6:,.1f} M frames{hours}"
+        return f"{_frames_text(frames)}{hours}"
 
     counts = Counter(plan.state for plan in plans.values())
     states = ", ".join(f"{counts[state]} {state}" for state in PLAN_STATES if counts[state])
@@ -307,6 +308,10 @@ def plan_lines(
         + ("" if pace else " No finished cell of this study yet to time the rest by.")
     )
     return lines
+
+
+def _frames_text(frames: int) -> str:
+    return f"{frames / 1e6:,.1f} M frames" if frames >= 1_000_000 else f"{frames:,} frames"
 
 
 def planned_cells(study: Study, quick: bool, frames: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:

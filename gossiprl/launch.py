@@ -416,7 +416,7 @@ class Swarm:
         self.stopped_by = "total frames"
         self.solved_at: dict | None = None
         self.join_s = LAUNCHER_JOIN_S
-        """How long ``close`` waits for each agent to leave before it kills it: none after a second Ctrl-C."""
+        """How long ``close`` waits for each agent to leave before it kills it: none after a Ctrl-C during the stop."""
         self._followers: tuple | None = None
         """(timings, swarm log, progress bar) once ``watch`` began: every progress report goes to them."""
 
@@ -554,7 +554,14 @@ class Swarm:
                     pass
                 self._find_the_dead()
         except KeyboardInterrupt:
+            self._at_once()
+
+    def _at_once(self) -> None:
+        """A Ctrl-C while the agents stop: ``close`` kills those still running rather than wait for them."""
+        if self.join_s:
             self.join_s = 0
+            if not self.finished:
+                self.stopped_by = "interrupted"
             self.echo("stopping at once: the agents still running are killed and keep their last periodic checkpoint")
 
     def broker_stats(self) -> dict | None:
@@ -579,12 +586,18 @@ class Swarm:
         for p in self.procs.values():
             if p.pid is None:  # start() itself failed; its error is already on its way up
                 continue
-            p.join(timeout=self.join_s)
+            try:
+                p.join(timeout=self.join_s)
+            except KeyboardInterrupt:
+                self._at_once()
             if p.is_alive():
                 p.kill()
                 p.join(5)
         self._find_the_dead()
-        self._await_byes()
+        try:
+            self._await_byes()
+        except KeyboardInterrupt:
+            pass  # only the last swarm log's count of goodbyes waits on it
         swarm_log.write(self.broker_stats(), force=True)
         if self.stats_server is not None:
             self.stats_server.close()

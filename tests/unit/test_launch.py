@@ -137,18 +137,22 @@ def test_a_stop_while_the_consensus_policy_is_scored_stops_the_run(monkeypatch, 
 
 
 class Running:
-    """An agent process that leaves only when killed."""
+    """An agent process that leaves only when killed; ``ctrl_c``: the user presses Ctrl-C while the
+    launcher waits for it to leave."""
 
     pid, exitcode = 1, None
 
-    def __init__(self):
-        self.waited = []
+    def __init__(self, ctrl_c=False):
+        self.waited, self.ctrl_c = [], ctrl_c
 
     def is_alive(self):
         return self.exitcode is None
 
     def join(self, timeout=None):
         self.waited.append(timeout)
+        if self.ctrl_c and timeout:
+            self.ctrl_c = False  # pressed once
+            raise KeyboardInterrupt
 
     def kill(self):
         self.exitcode = -9
@@ -164,23 +168,28 @@ class SecondCtrlC:
         return []
 
 
-def test_a_second_ctrl_c_kills_the_agents_at_once_and_the_run_still_ends_with_its_summary():
+@pytest.mark.parametrize("when", ["waiting for the reports", "joining an agent"])
+def test_a_second_ctrl_c_kills_the_agents_at_once_and_the_run_still_ends_with_its_summary(when):
     """A second Ctrl-C during the stop escaped as click's "Aborted!" (exit 1, no summary.json), after
     the launcher had waited up to 30 s for each agent. Now the wait ends, the agents still running are
-    killed without it, and summary.json names them failed."""
+    killed without it, and summary.json names them failed: whether the Ctrl-C lands while the launcher
+    waits for the agents' final reports or, once those 60 s are out, while it joins an agent."""
     swarm = launch.Swarm.__new__(launch.Swarm)  # only what interrupted and close read
     said = []
-    swarm.procs, swarm.reports, swarm.echo = {0: Running(), 1: Running()}, SecondCtrlC(), said.append
+    in_join = when == "joining an agent"
+    swarm.procs = {0: Running(ctrl_c=in_join), 1: Running()}
+    swarm.reports, swarm.echo = SecondCtrlC() if not in_join else launch._Reports(), said.append
     swarm.summaries, swarm.failures, swarm.stop = {}, {}, threading.Event()
     swarm.cfg, swarm.broker, swarm.stats_server = launch.SwarmConfig(agents=2), None, None
     swarm.join_s = launch.LAUNCHER_JOIN_S
 
     try:
-        swarm.interrupted()  # returns: run() goes on to write the summary
+        swarm.interrupted(timeout=0 if in_join else 60)  # returns: run() goes on to write the summary
+        swarm.close(Logged())
     except KeyboardInterrupt:
         pytest.fail("the second Ctrl-C escaped the stop: no summary.json")
-    swarm.close(Logged())
 
     assert swarm.stopped_by == "interrupted" and said[-1].startswith("stopping at once")
-    assert [p.waited[0] for p in swarm.procs.values()] == [0, 0] and all(p.exitcode == -9 for p in swarm.procs.values())
+    assert [p.waited[0] for p in swarm.procs.values()] == ([30, 0] if in_join else [0, 0])
+    assert all(p.exitcode == -9 for p in swarm.procs.values())
     assert swarm.failures == {r: "process exited with code -9 without a report" for r in (0, 1)}

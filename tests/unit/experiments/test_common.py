@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import pytest
 
-from experiments.common import PLANE, Cell, cell_fingerprint, fresh_out, parse_seeds, ran_swarm, read_curves
+from experiments.common import PLANE, Cell, cell_fingerprint, cell_plan, fresh_out, parse_seeds, ran_swarm, read_curves
 from experiments.study import RESULTS
 from gossiprl.launch import SwarmConfig
 from gossiprl.rl.a2c import ATARI_LR
@@ -21,7 +21,9 @@ def test_a_run_without_out_gets_a_fresh_directory_outside_the_committed_results(
     assert quick.parent.is_dir() and quick.parent.parent == Path(tempfile.gettempdir())
     real = fresh_out("scaling", quick=False)
     assert real.parent.name == "runs" and real.name.startswith("scaling-") and not real.exists()
-    for out in (quick, real):
+    planned = fresh_out("scaling", quick=True, create=False)  # --plan writes nothing, a temporary dir included
+    assert planned.parent.parent == Path(tempfile.gettempdir()) and not planned.parent.exists()
+    for out in (quick, real, planned):
         assert RESULTS.resolve() not in out.resolve().parents
 
 
@@ -245,3 +247,15 @@ def test_a_curve_resumed_after_a_kill_reads_each_frame_once(tmp_path):
         (0, 100, 1.0), (0, 200, 2.0), (0, 300, 4.0), (0, 400, 5.0), (0, 500, 6.0),
         (1, 100, 1.0), (1, 200, 2.0), (1, 300, 3.0), (1, 400, 4.0), (1, 500, 5.0),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("record", ["{bad", "[1, 2]"])
+def test_a_cell_record_that_is_not_a_json_object_stops_the_study_with_one_line_naming_it(tmp_path, record):
+    cell = Cell("ring of 2", 1, 2, 8000, SwarmConfig(agents=2, topology="ring"))
+    (tmp_path / "cells").mkdir()
+    (tmp_path / "cells" / f"{cell.key}.json").write_text(record)
+    with pytest.raises(click.ClickException) as err:
+        cell_plan(cell, tmp_path, "CartPole-v1", 2)
+    message = err.value.format_message()
+    assert message.startswith(f"{tmp_path / 'cells' / cell.key}.json: not a readable cell record (")
+    assert message.endswith("; delete it and that cell runs afresh") and "\n" not in message

@@ -7,8 +7,10 @@ from experiments import make_results
 
 
 def write_study(results, folder, frames_per_cell, per_agent):
+    """``per_agent`` as study.json has it: True, or for a whole-swarm budget None (studies written
+    before the key existed: the key is left out), False or null."""
     (results / folder).mkdir(parents=True)
-    meta = {"frames_per_cell": frames_per_cell, **({"frames_per_agent": True} if per_agent else {})}
+    meta = {"frames_per_cell": frames_per_cell, **({} if per_agent is None else {"frames_per_agent": per_agent})}
     (results / folder / "study.json").write_text(json.dumps(meta))
 
 
@@ -18,13 +20,17 @@ def test_the_budget_paragraph_names_each_studys_frames_and_flags_only_the_small_
         (tmp_path / "_shared" / f"{i}.json").write_text(json.dumps({"frames": frames, "wall_s": wall_s}))
     write_study(tmp_path, "scaling", 1_000_000, per_agent=True)
     write_study(tmp_path, "ordering_ablation", 1_000_000, per_agent=True)
+    write_study(tmp_path, "batch_period", 100_000, per_agent=None)
     write_study(tmp_path, "layout", 100_000, per_agent=False)
 
     text = make_results.budget_lines(tmp_path)[0]
 
     assert "2 runs, 4.1 M frames in 14 min of wall-clock, 4881 frames/s" in text
-    assert "1,000,000 for each agent in ordering_ablation and scaling; 100,000 for the whole swarm in layout." in text
-    assert "The whole-swarm budgets of layout were chosen from a short probe" in text
+    assert (
+        "1,000,000 for each agent in ordering_ablation and scaling; 100,000 for the whole swarm in batch_period "
+        "and layout." in text
+    )
+    assert "The whole-swarm budgets of batch_period and layout were chosen from a short probe" in text
 
 
 def test_without_a_whole_swarm_budget_no_early_training_caveat_is_given(tmp_path):
