@@ -106,6 +106,12 @@ NOTES = {
     "lr_sweep_spaceinvaders": LR_SWEEP_NOTE,
     "ordering_ablation": "Async agents gossip without turn locks; max-staleness k makes an agent wait once it "
     "has gone k rounds without a letter from an in-peer.",
+    "ordering_ablation_spaceinvaders": "Async agents gossip without turn locks; max-staleness k makes an agent "
+    "wait once it has gone k rounds without a letter from an in-peer. **Per-second comparisons with sync are "
+    "void.** The sync cells are swarm_vs_one's ring of 4 (the shared cell cache), run on 2026-11-27 under "
+    "another window's load, before the other arms ran (seeds 1-4 on 2026-11-28's first window, seed 5 in a "
+    "later one): a sync agent's rollout, the same work in every arm, took 61 ms an update against the other "
+    "arms' 17-31 ms. The other arms ran interleaved seed by seed; per frame every cell stands.",
 }
 
 SCORES = ("agents_mean", "agents_min", "agents_eval_mean", "consensus_eval", "score_at_equal_wall")
