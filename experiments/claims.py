@@ -103,7 +103,7 @@ CLAIMS = {
         ("async, max-staleness 1", "async, max-staleness 4", "async, unbounded", "none (independent)"),
         "frames",
         "a gain from agents is a gain per agent step, and every arm has 4 agents and the same frames; the "
-        "cells' wall-clock is confounded by the load of the window each ran in (issue 21)",
+        "cells' wall-clock is confounded by the load of the window each ran in",
     ),
     "topology_ablation": Claim(
         "GALA and PALA",
