@@ -196,10 +196,10 @@ class Arms:
     def seeds(self, setting: str) -> int:
         return sum(r["setting"] == setting for r in self.rows)
 
-    def scores(self, setting: str, axis: str) -> np.ndarray:
-        """Rows: seeds; columns: agents ('consensus': one per seed). A seed none of whose agents had
-        logged a score by T is left out of the 'wall_s' axis."""
-        mine = [r for r in self.rows if r["setting"] == setting]
+    def scores(self, setting: str, axis: str, seeds: list[int] | None = None) -> np.ndarray:
+        """Rows: seeds (those of ``seeds`` where given); columns: agents ('consensus': one per seed).
+        A seed none of whose agents had logged a score by T is left out of the 'wall_s' axis."""
+        mine = [r for r in self.rows if r["setting"] == setting and (seeds is None or r["seed"] in seeds)]
         if axis == "frames":
             values = [r["per_agent_last100"] for r in mine]
         elif axis == "consensus":
@@ -213,18 +213,51 @@ class Arms:
         curves = read_curves(self.out, cell_key(row["setting"], row["seed"]))
         return agent_curves(curves, "wall_s", np.array([self.t_equal]), row["agents"], hold_last=True)[:, 0]
 
-    def iqm(self, setting: str, axis: str, bounds: tuple[float, float], size: float = 0.95) -> stats.Estimate | None:
-        scores = self.scores(setting, axis)
+    def iqm(
+        self, setting: str, axis: str, bounds: tuple[float, float], size: float = 0.95, seeds: list[int] | None = None
+    ) -> stats.Estimate | None:
+        scores = self.scores(setting, axis, seeds)
         return stats.iqm_interval([scores], size=size).clipped(bounds) if scores.size else None
 
-    def improvement(self, x: str, y: str, axis: str, size: float = 0.95) -> stats.Estimate | None:
-        xs, ys = self.scores(x, axis), self.scores(y, axis)
+    def improvement(
+        self, x: str, y: str, axis: str, size: float = 0.95, seeds: list[int] | None = None
+    ) -> stats.Estimate | None:
+        xs, ys = self.scores(x, axis, seeds), self.scores(y, axis, seeds)
         return stats.improvement_interval([xs], [ys], size=size) if xs.size and ys.size else None
 
-    def ratio(self, x: str, y: str, axis: str, size: float = 0.95) -> stats.Estimate | None:
+    def ratio(
+        self, x: str, y: str, axis: str, size: float = 0.95, seeds: list[int] | None = None
+    ) -> stats.Estimate | None:
         """IQM(x) / IQM(y); None where y has a score of 0 or less, which a ratio cannot take."""
-        xs, ys = self.scores(x, axis), self.scores(y, axis)
+        xs, ys = self.scores(x, axis, seeds), self.scores(y, axis, seeds)
         return stats.ratio_interval([xs], [ys], size=size) if (ys > 0).all() else None
+
+    def same_window_seeds(self, x: str, y: str) -> list[int] | None:
+        """The seeds whose cells of ``x`` and of ``y`` ran in one window of machine load (one call of
+        a study, which runs its arms seed by seed), each in one session: the only seeds their
+        wall-clock compares on. A cell reused from another study's window, or resumed, compares on
+        frames only. None where no cell of either records its window (run before windows were
+        recorded): those compare as they always did, and their study's note says what is known."""
+        mine = {(r["setting"], r["seed"]): r for r in self.rows if r["setting"] in (x, y)}
+        if all(r.get("window") is None for r in mine.values()):
+            return None
+
+        def window(setting: str, seed: int) -> str | None:
+            row = mine.get((setting, seed))
+            return None if row is None or row.get("sessions", 1) > 1 else row.get("window")
+
+        seeds = sorted({seed for _, seed in mine})
+        return [s for s in seeds if window(x, s) is not None and window(x, s) == window(y, s)]
+
+
+NO_WINDOW = "no seed has cells of both that ran in one window of machine load"
+
+
+def window_text(arms: Arms, x: str, y: str, seeds: list[int] | None) -> str:
+    """Where a wall-clock comparison stands on fewer seeds than the arms have: which, and why."""
+    if seeds is None or len(seeds) == max(arms.seeds(x), arms.seeds(y)):
+        return ""
+    return f"; on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, whose cells ran in one window"
 
 
 def interval_text(estimate: stats.Estimate) -> str:
@@ -282,9 +315,14 @@ def comparison_lines(
             continue
         parts = []
         for axis in ("frames", "wall_s", "consensus"):
-            estimate = arms.improvement(x, y, axis)
+            seeds = arms.same_window_seeds(x, y) if axis == "wall_s" else None
+            if seeds == []:
+                parts.append(f"{axis_text(axis, arms, frames_per_agent)} not compared ({NO_WINDOW})")
+                continue
+            estimate = arms.improvement(x, y, axis, seeds=seeds)
             if estimate is not None:
-                parts.append(f"{axis_text(axis, arms, frames_per_agent)} {interval_text(estimate)} ({judge(estimate)})")
+                reading = judge(estimate) + window_text(arms, x, y, seeds)
+                parts.append(f"{axis_text(axis, arms, frames_per_agent)} {interval_text(estimate)} ({reading})")
         lines.append(f"- P({x} > {y}): {'; '.join(parts)}.")
     return lines
 
@@ -292,15 +330,19 @@ def comparison_lines(
 def compare(claim: Claim, other: str, arms: Arms, bounds: tuple[float, float], size: float) -> tuple[str, str]:
     """One of a claim's comparisons on its axis: (its reading, the text that shows it)."""
     x, axis = claim.better, claim.axis
-    if not len(arms.scores(other, axis)):
+    same = arms.same_window_seeds(x, other) if axis == "wall_s" else None
+    if same == []:
+        return "other windows", f"{other}: not compared ({NO_WINDOW})"
+    if not len(arms.scores(other, axis, same)):
         return "not run", f"{other}: no finished cell has a score there"
-    seeds = f"({len(arms.scores(x, axis))} and {len(arms.scores(other, axis))} seeds)"
-    x_iqm, other_iqm = (interval_text(arms.iqm(s, axis, bounds, size)) for s in (x, other))
+    seeds = f"({len(arms.scores(x, axis, same))} and {len(arms.scores(other, axis, same))} seeds"
+    seeds += window_text(arms, x, other, same) + ")"
+    x_iqm, other_iqm = (interval_text(arms.iqm(s, axis, bounds, size, same)) for s in (x, other))
     iqms = f"IQM {x_iqm} against {other_iqm}"
     if claim.margin is None:
-        estimate = arms.improvement(x, other, axis, size)
+        estimate = arms.improvement(x, other, axis, size, same)
         return judge(estimate), f"P({x} > {other}) = {interval_text(estimate)}, {iqms} {seeds}"
-    estimate = arms.ratio(x, other, axis, size)
+    estimate = arms.ratio(x, other, axis, size, same)
     if estimate is None:
         return "no ratio", f"{other} has a score of 0 or less, which a ratio cannot take; {iqms} {seeds}"
     return judge(estimate, 1 - claim.margin), f"IQM ratio {x} / {other} = {interval_text(estimate)}, {iqms} {seeds}"
@@ -317,6 +359,7 @@ def verdict(claim: Claim, readings: list[str]) -> str:
         "cannot tell apart": f"an interval {line}",
         "not run": "an arm has no finished cell with a score there",
         "no ratio": "an arm has a score of 0 or less, which a ratio cannot take",
+        "other windows": "no seed has cells of the claim's arm and of another that ran in one window of machine load",
     }
     too_few = f"fewer than {stats.MIN_RUNS} seeds in an arm give no interval"
     why = dict.fromkeys(reasons.get(r, too_few) for r in readings if r != "higher")

@@ -192,6 +192,8 @@ def run_study(
     for folder in (out / "cells", out / "curves", shared):
         folder.mkdir(parents=True, exist_ok=True)
     cells = in_run_order(cells)
+    # the cells this call runs share one window of machine load: only theirs compare in wall-clock
+    window = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for k, cell in enumerate(cells, 1):
         row_path = out / "cells" / f"{cell.key}.json"
         fingerprint = cell_fingerprint(cell, env_id, eval_episodes)
@@ -207,6 +209,7 @@ def run_study(
             note = " (same run as in another study, reused)"
         else:
             row = {**run_cell(cell, out, env_id, threshold, eval_episodes, fingerprint), "fingerprint": fingerprint}
+            row["window"] = window
             shutil.copyfile(out / "curves" / f"{cell.key}.csv", shared / f"{fingerprint}.csv")
             _write_json(shared / f"{fingerprint}.json", row)
             note = ""

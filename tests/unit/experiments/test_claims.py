@@ -187,13 +187,18 @@ def test_supports_only_if_every_comparison_does_else_it_says_every_reason():
 LAYOUT = claims.CLAIMS["layout"]
 
 
-def layout_arms(tmp_path, scores: dict[str, list[float]]) -> claims.Arms:
-    """Layout cells of one agent each whose only score, logged at 5 s, is their score at T = 10 s."""
+def layout_arms(tmp_path, scores: dict[str, list[float]], windows: dict | None = None) -> claims.Arms:
+    """Layout cells of one agent each whose only score, logged at 5 s, is their score at T = 10 s (and
+    at the end); ``windows``: setting -> each seed's window of machine load, (window, sessions) for a
+    resumed cell (none recorded where not given)."""
     (tmp_path / "curves").mkdir(exist_ok=True)
     cells = []
     for setting, seeds in scores.items():
         for seed, score in enumerate(seeds, 1):
-            cells.append({"setting": setting, "seed": seed, "agents": 1, "equal_wall_s": 10.0})
+            cell = {"setting": setting, "seed": seed, "agents": 1, "equal_wall_s": 10.0, "per_agent_last100": [score]}
+            window = (windows or {}).get(setting, [None] * len(seeds))[seed - 1]
+            window, sessions = window if isinstance(window, tuple) else (window, 1)
+            cells.append({**cell, "consensus_eval": score, "window": window, "sessions": sessions})
             (tmp_path / "curves" / f"{cell_key(setting, seed)}.csv").write_text(
                 f"agent,frames,wall_s,mean_return_100,wait_s,mix_s\n0,100,5.0,{score},0,0\n"
             )
@@ -302,3 +307,44 @@ def test_the_equal_wall_clock_is_set_by_todays_cells_not_by_older_shorter_ones(t
     assert [r["equal_wall_s"] for r in rows] == [600.0, 600.0] and rows[0]["score_at_equal_wall"] == 2.0
     study.add_equal_wall_score(tmp_path, rows)
     assert rows[0]["equal_wall_s"] == 11.0 and rows[0]["score_at_equal_wall"] is None
+
+
+SPREAD = [0.95, 0.96, 0.95, 0.96, 0.95]
+
+
+def test_wall_clock_is_compared_only_on_seeds_whose_cells_ran_in_one_window(tmp_path):
+    """A cell reused from another study's window (the shared cell cache), run in another call of the
+    study, or resumed, ran under other load: the arms' wall-clock compares on the seeds whose cells of
+    both ran in one window, and per frame on every seed."""
+    windows = {
+        LAYOUT.better: ["A", "A", ("A", 2), "B", "B"],  # seed 3 resumed: two sessions, two loads
+        LAYOUT.than[0]: ["A", "A", "A", "C", None],  # seed 5 reused from a run that recorded no window
+    }
+    arms = layout_arms(tmp_path, {LAYOUT.better: SPREAD, LAYOUT.than[0]: ONE_HOST}, windows)
+    assert arms.same_window_seeds(LAYOUT.better, LAYOUT.than[0]) == [1, 2]
+    (line,) = claims.claim_lines("layout", arms, BOUNDS, frames_per_agent=False)
+    assert "IQM ratio" in line and "(2 and 2 seeds; on seeds 1, 2, whose cells ran in one window)" in line
+    (compared,) = claims.comparison_lines("layout", arms, list(windows), frames_per_agent=False)
+    assert "at equal frames for the whole swarm 0.00 [0.00, 0.00] (lower);" in compared  # every seed
+    assert "at equal wall-clock (10 s of training) 0.00 (no interval: fewer than" in compared
+    assert "on seeds 1, 2, whose cells ran in one window)" in compared
+
+
+def test_arms_that_share_no_window_are_not_compared_in_wall_clock_and_decide_no_time_claim(tmp_path):
+    windows = {LAYOUT.better: ["A"] * 5, LAYOUT.than[0]: [None] * 5}  # the one-host arm reused from elsewhere
+    arms = layout_arms(tmp_path, {LAYOUT.better: SPREAD, LAYOUT.than[0]: ONE_HOST}, windows)
+    (line,) = claims.claim_lines("layout", arms, BOUNDS, frames_per_agent=False)
+    assert f"{LAYOUT.than[0]}: not compared (no seed has cells of both that ran in one window of machine load)" in line
+    assert line.endswith(
+        "**cannot decide** it: no seed has cells of the claim's arm and of another that ran in one window of "
+        "machine load."
+    )
+    (compared,) = claims.comparison_lines("layout", arms, list(windows), frames_per_agent=False)
+    assert "at equal wall-clock (10 s of training) not compared (no seed has cells of both" in compared
+
+
+def test_cells_that_record_no_window_compare_in_wall_clock_as_they_always_did(tmp_path):
+    arms = layout_arms(tmp_path, {LAYOUT.better: SPREAD, LAYOUT.than[0]: ONE_HOST})
+    assert arms.same_window_seeds(LAYOUT.better, LAYOUT.than[0]) is None
+    (line,) = claims.claim_lines("layout", arms, BOUNDS, frames_per_agent=False)
+    assert "(5 and 5 seeds)" in line and line.endswith("**supports** it.")
