@@ -244,7 +244,7 @@ class Arms:
 
         def window(setting: str, seed: int) -> str | None:
             row = mine.get((setting, seed))
-            return None if row is None or row.get("sessions", 1) > 1 else row.get("window")
+            return None if row is None or (row.get("sessions") or 1) > 1 else row.get("window")
 
         seeds = sorted({seed for _, seed in mine})
         return [s for s in seeds if window(x, s) is not None and window(x, s) == window(y, s)]
@@ -254,8 +254,9 @@ NO_WINDOW = "no seed has cells of both that ran in one window of machine load"
 
 
 def window_text(arms: Arms, x: str, y: str, seeds: list[int] | None) -> str:
-    """Where a wall-clock comparison stands on fewer seeds than the arms have: which, and why."""
-    if seeds is None or len(seeds) == max(arms.seeds(x), arms.seeds(y)):
+    """Where a wall-clock comparison stands on fewer seeds than the arms both have: which, and why."""
+    both = {r["seed"] for r in arms.rows if r["setting"] == x} & {r["seed"] for r in arms.rows if r["setting"] == y}
+    if seeds is None or len(seeds) == len(both):
         return ""
     return f"; on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, whose cells ran in one window"
 
@@ -330,11 +331,13 @@ def comparison_lines(
 def compare(claim: Claim, other: str, arms: Arms, bounds: tuple[float, float], size: float) -> tuple[str, str]:
     """One of a claim's comparisons on its axis: (its reading, the text that shows it)."""
     x, axis = claim.better, claim.axis
-    same = arms.same_window_seeds(x, other) if axis == "wall_s" else None
+    same = arms.same_window_seeds(x, other) if axis == "wall_s" and arms.seeds(other) else None
     if same == []:
         return "other windows", f"{other}: not compared ({NO_WINDOW})"
     if not len(arms.scores(other, axis, same)):
         return "not run", f"{other}: no finished cell has a score there"
+    if not len(arms.scores(x, axis, same)):  # none of x's cells on the seeds whose cells share a window
+        return "not run", f"{other}: no cell of {x} on the seeds compared has a score there"
     seeds = f"({len(arms.scores(x, axis, same))} and {len(arms.scores(other, axis, same))} seeds"
     seeds += window_text(arms, x, other, same) + ")"
     x_iqm, other_iqm = (interval_text(arms.iqm(s, axis, bounds, size, same)) for s in (x, other))

@@ -208,8 +208,10 @@ def run_study(
             shutil.copyfile(shared / f"{fingerprint}.csv", out / "curves" / f"{cell.key}.csv")
             note = " (same run as in another study, reused)"
         else:
-            row = {**run_cell(cell, out, env_id, threshold, eval_episodes, fingerprint), "fingerprint": fingerprint}
-            row["window"] = window
+            row = {
+                **run_cell(cell, out, env_id, threshold, eval_episodes, fingerprint, window),
+                "fingerprint": fingerprint,
+            }
             shutil.copyfile(out / "curves" / f"{cell.key}.csv", shared / f"{fingerprint}.csv")
             _write_json(shared / f"{fingerprint}.json", row)
             note = ""
@@ -426,7 +428,15 @@ def _marker(run_dir: Path) -> Path:
     return run_dir.with_name(f"{run_dir.name}.cell.json")
 
 
-def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_episodes: int, fingerprint: str) -> dict:
+def run_cell(
+    cell: Cell,
+    out: Path,
+    env_id: str,
+    threshold: float | None,
+    eval_episodes: int,
+    fingerprint: str,
+    window: str | None = None,
+) -> dict:
     """Run one cell, or go on with the run a stopped study left of it (``start_session``); its row.
 
     Each agent checkpoints ``CHECKPOINTS`` times over its budget, so a stop costs at most a tenth
@@ -515,6 +525,9 @@ def run_cell(cell: Cell, out: Path, env_id: str, threshold: float | None, eval_e
         "consensus_solved": None if threshold is None else bool(consensus["mean"] >= threshold),
         "gossip_share": gossip_share,
         "sessions": sessions,
+        # the window of machine load its training ran in: this call's, unknown for a run that an earlier
+        # call trained and only left to be scored (its wall-clock is that call's)
+        "window": None if trained else window,
         **split,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

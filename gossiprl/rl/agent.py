@@ -459,14 +459,20 @@ def pick_device(device: str, rank: int) -> torch.device:
     return torch.device(device)
 
 
-def _keep_rows_through(path: Path, frames: int) -> list[str]:
-    """Rewrite metrics.csv without its rows past ``frames``, or cut short by the kill (temp file +
-    rename: a crash leaves the old file whole); its header."""
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader)
-        at = header.index("frames")
-        rows = [row for row in reader if len(row) == len(header) and int(row[at]) <= frames]
+def _keep_rows_through(path: Path, frames: int) -> list[str] | None:
+    """Rewrite metrics.csv without its rows past ``frames``, or the row a kill cut short (a file
+    ends with a newline after each whole row): temp file + rename, so a crash leaves the old file
+    whole. Its header; None for a file with no header of ours, which the run then writes afresh."""
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    if lines and not text.endswith("\n"):
+        lines.pop()
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if not header or "frames" not in header:
+        return None
+    at = header.index("frames")
+    rows = [row for row in reader if len(row) == len(header) and row[at].isdigit() and int(row[at]) <= frames]
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
@@ -497,7 +503,8 @@ class MetricsLog:
         self.csv: csv.DictWriter | None = None
         if self.columns:
             self.csv = csv.DictWriter(self.file, self.columns, extrasaction="ignore")
-        self.tb = SummaryWriter(str(agent_dir), purge_step=resumed_at)
+        # TensorBoard purges the steps from purge_step on: the row at the checkpoint itself stays, as in the CSV
+        self.tb = SummaryWriter(str(agent_dir), purge_step=None if resumed_at is None else resumed_at + 1)
 
     def write(self, row: dict, extra_scalars: dict[str, float]) -> None:
         if self.csv is None:

@@ -242,6 +242,8 @@ def test_a_cell_cut_short_goes_on_from_its_checkpoints(tmp_path):
     assert cell_plan(cell, out, QUICK_ENV, 2) == CellPlan("trained", 0)
     (again,) = run_study([cell], out, QUICK_ENV, 475.0, 2, echo=lines.append)
     assert again["sessions"] == 2 and again["timed_frames"] == pytest.approx(2000)
+    # its wall-clock is the call's that trained it, not this one's: no window to compare it in
+    assert row["window"] and again["window"] is None
     assert again["per_agent_last100"] == row["per_agent_last100"]
 
     # another cell's run under this name: cleared, not resumed

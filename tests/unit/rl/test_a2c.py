@@ -601,3 +601,22 @@ def test_a_run_resumed_after_a_kill_logs_each_frame_once(tmp_path):
 
     frames = [int(row.split(",")[0]) for row in metrics.read_text().splitlines()[1:]]
     assert frames == [20, 40, 60, 80, 100, 120]
+
+
+@pytest.mark.parametrize(
+    "left, kept",
+    [
+        ("frames,wall_s\n20,0.1\n40,0.2\n4", ["frames,wall_s", "20,0.1", "40,0.2"]),  # killed mid-row: "4" of 40 ...
+        ("frames,wall_s\n20,0.1\n6", ["frames,wall_s", "20,0.1"]),  # ... or "6" of 60, both within the checkpoint
+        ("wall_s\n0.1\n", None),  # not a header of ours: the run writes the file afresh
+        ("", None),
+    ],
+)
+def test_a_resume_keeps_only_whole_rows_within_the_checkpoint(tmp_path, left, kept):
+    from gossiprl.rl import agent
+
+    metrics = tmp_path / "metrics.csv"
+    metrics.write_text(left)
+    assert agent._keep_rows_through(metrics, 40) == (None if kept is None else kept[0].split(","))
+    if kept is not None:
+        assert metrics.read_text().splitlines() == kept
