@@ -155,6 +155,7 @@ EXTRA = {
         *swarm_learning.CONTROL.items(),
     ],
     "learners": [("PPO, ring of 4", "PPO, 1 agent"), ("IMPALA, ring of 4", "IMPALA, 1 agent")],
+    "ordering_ablation": [("sync (turn locks)", "sync, overlapped")],
     "scaling": [(f"{n} agents, ring", "1 agent (plain A2C)") for n in (2, 8, 16)],
     "swarm_vs_one": [(swarm_vs_one.RING_ATARI, swarm_vs_one.ONE_ATARI), ("1 agent", swarm_vs_one.ONE_ATARI)],
     "lr_sweep": [

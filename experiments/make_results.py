@@ -70,6 +70,13 @@ LR_SWEEP_NOTE = (
     "runs, read from the shared cache, made in other windows of load. Per frame every cell stands."
 )
 
+ORDERING_NOTE = (
+    "Async agents gossip without turn locks; max-staleness k makes an agent wait once it has gone k rounds "
+    "without a letter from an in-peer. Overlapped sync keeps the turn locks and mixes each round's letters one "
+    "update late, its learning rate scaled by 2 - p_ii (1.5 on this ring), as `gossiprl run --gossip-overlap` "
+    "does; it joined the study after the other arms had run, so its cells ran in later windows."
+)
+
 NOTES = {
     "learners": "**Per-second comparisons here are void.** These cells ran at nice 19 beside another study, "
     "and the study was held stopped (SIGSTOP) for whole cells of that one: a cell's wall-clock, and its "
@@ -104,10 +111,8 @@ NOTES = {
     "per frame they are.",
     "lr_sweep": LR_SWEEP_NOTE,
     "lr_sweep_spaceinvaders": LR_SWEEP_NOTE,
-    "ordering_ablation": "Async agents gossip without turn locks; max-staleness k makes an agent wait once it "
-    "has gone k rounds without a letter from an in-peer.",
-    "ordering_ablation_spaceinvaders": "Async agents gossip without turn locks; max-staleness k makes an agent "
-    "wait once it has gone k rounds without a letter from an in-peer. **Per-second comparisons with sync are "
+    "ordering_ablation": ORDERING_NOTE,
+    "ordering_ablation_spaceinvaders": f"{ORDERING_NOTE} **Per-second comparisons with sync are "
     "void.** The sync cells are swarm_vs_one's ring of 4 (the shared cell cache), run on 2026-11-27 under "
     "another window's load, before the other arms ran (seeds 1-4 on 2026-11-28's first window, seed 5 in a "
     "later one): a sync agent's rollout, the same work in every arm, took 61 ms an update against the other "

@@ -1,5 +1,6 @@
 """Where a study writes when it is not told: never into the committed experiments/results/."""
 
+import json
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -259,3 +260,20 @@ def test_a_cell_record_that_is_not_a_json_object_stops_the_study_with_one_line_n
     message = err.value.format_message()
     assert message.startswith(f"{tmp_path / 'cells' / cell.key}.json: not a readable cell record (")
     assert message.endswith("; delete it and that cell runs afresh") and "\n" not in message
+
+
+def test_the_ordering_study_sets_overlapped_sync_beside_blocking_sync_and_keeps_its_earlier_cells():
+    """The overlapped arm came after the others had run: it is last (so --quick still runs sync and the
+    independent agents), it differs from the sync ring only in gossip_overlap, it is compared with
+    sync, and the other arms keep their fingerprints (their finished cells are not run again)."""
+    from experiments import claims, ordering_ablation
+
+    cells, settings = ordering_ablation.build(False, 1_000_000, [1])
+    assert settings[:2] == ["sync (turn locks)", "none (independent)"] and settings[-1] == "sync, overlapped"
+    by = {c.setting: c for c in cells}
+    assert by["sync, overlapped"].agent == {"gossip_overlap": True} and by["sync (turn locks)"].agent == {}
+    assert by["sync, overlapped"].swarm == by["sync (turn locks)"].swarm
+    assert ("sync (turn locks)", "sync, overlapped") in claims.EXTRA["ordering_ablation"]
+    fingerprint = cell_fingerprint(by["sync (turn locks)"], "MinAtar/Breakout-v1", 10)
+    committed = RESULTS / "ordering_ablation" / "cells" / f"{by['sync (turn locks)'].key}.json"
+    assert fingerprint == json.loads(committed.read_text())["fingerprint"]
