@@ -141,13 +141,19 @@ class DescendantsCPU:
         return sum(self._seen.values())
 
     def between(self, since: float, until: float) -> float | None:
-        """CPU seconds spent from ``since`` to ``until`` (perf_counter readings), from the nearest samples."""
-        inside = [cpu for t, cpu in self.samples if since <= t <= until]
+        """CPU seconds spent from ``since`` to ``until`` (perf_counter readings): the CPU rate between
+        the first and last samples inside, times the window's length. A window with fewer than two
+        samples inside (a --quick row's second of steady state on a loaded host, sampled every 0.5 s)
+        takes the rate between the nearest samples around it; None without one on each side."""
+        inside = [(t, cpu) for t, cpu in self.samples if since <= t <= until]
         if len(inside) < 2:
-            return None
-        first = next(t for t, _ in self.samples if t >= since)
-        last = max(t for t, _ in self.samples if t <= until)
-        return (inside[-1] - inside[0]) * (until - since) / max(last - first, 1e-9)
+            before = [(t, cpu) for t, cpu in self.samples if t <= since]
+            after = [(t, cpu) for t, cpu in self.samples if t >= until]
+            if not before or not after:
+                return None
+            inside = [before[-1], after[0]]
+        (first, start), (last, end) = inside[0], inside[-1]
+        return (end - start) * (until - since) / max(last - first, 1e-9)
 
 
 STARTUP_ALLOWANCES = (10.0, 30.0, 90.0)

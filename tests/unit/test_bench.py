@@ -65,3 +65,16 @@ def test_a_rows_cpu_keeps_what_a_process_spent_after_it_exits():
     after_it_exited = sampler.read()
     assert while_it_ran > 0.1, "the child spun and was counted"
     assert after_it_exited >= while_it_ran, "an agent that finishes first must not take its CPU out of the row"
+
+
+def test_a_short_steady_window_takes_its_cpu_rate_from_the_samples_around_it():
+    """A --quick row's steady window, about a second, could hold fewer than two of the 0.5 s CPU
+    samples on a loaded host: its CPU per frame was None, which the bench test took for a failure."""
+    from gossiprl.bench.train import DescendantsCPU
+
+    sampler = DescendantsCPU()
+    sampler.samples = [(0.0, 0.0), (1.0, 0.5), (2.0, 1.5), (3.0, 2.5)]  # 0.5 then 1 CPU second a second
+    assert sampler.between(1.0, 3.0) == pytest.approx(2.0)  # two samples inside: their rate
+    assert sampler.between(1.2, 1.8) == pytest.approx(0.6)  # none inside: the rate from 1.0 to 2.0
+    assert sampler.between(0.5, 1.5) == pytest.approx(0.75)  # one inside: the rate from 0.0 to 2.0
+    assert sampler.between(2.5, 3.5) is None  # no sample after the window
