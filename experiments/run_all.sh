@@ -19,8 +19,10 @@ run baselines --out experiments/results/baselines
 run baselines --env MinAtar/SpaceInvaders-v1 --out experiments/results/baselines-spaceinvaders
 run learners --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/learners
 run table1 --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/table1
-# The papers' questions at 1M frames per agent, 5 seeds, two games: about 1.1 G frames, some 50 hours of
-# this 2-core VM at 5-7k frames/s (a 16-agent cell is 16M frames). Small swarms first on each game.
+# The papers' questions at 1M frames per agent, 5 seeds, two games: about 1.1 G frames (a 16-agent cell
+# is 16M), 14-28 hours of this 2-core VM when nothing else runs (4-agent swarms train 11-22k frames/s
+# then), two to three times that beside other work. Small swarms first on each game. `--plan` on a
+# study says what it has left.
 for game in Breakout SpaceInvaders; do
     suffix=$([ "$game" = Breakout ] || echo _spaceinvaders)
     env="--env MinAtar/$game-v1"
