@@ -4,10 +4,24 @@
 # nice -n 19: the studies yield the cores to other work of their session. Where the kernel groups
 # processes by session (autogroup: /proc/sys/kernel/sched_autogroup_enabled is 1, as on this VM),
 # another session's jobs get no more than an equal share beside them, whatever its nice.
+# ./experiments/run_all.sh --plan runs and writes nothing: each study's last line of --plan (its cells
+# done and left, the frames left and the hours they take at its pace so far).
 set -e
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-run() { nice -n 19 python -m "experiments.$@"; }
+if [ "${1:-}" = --plan ]; then
+    run() {
+        study=$1
+        shift
+        if [ "$study" = baselines ]; then
+            echo "baselines $*: no --plan (Stable-Baselines3 cells, each kept once run)"
+        else
+            python -m "experiments.$study" "$@" --plan | tail -n 1
+        fi
+    }
+else
+    run() { nice -n 19 python -m "experiments.$@"; }
+fi
 run swarm_learning --frames 250000 --out experiments/results/swarm_learning
 run swarm_vs_one --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/swarm_vs_one
 run swarm_vs_one --env MinAtar/SpaceInvaders-v1 --frames 1000000 --seeds 1,2,3,4,5 \
@@ -37,4 +51,4 @@ for game in Breakout SpaceInvaders; do
     run topology_ablation --env "MinAtar/$game-v1" --out "experiments/results/topology_ablation$suffix"
     run scaling --env "MinAtar/$game-v1" --out "experiments/results/scaling$suffix"
 done
-python -m experiments.make_results
+[ "${1:-}" = --plan ] || python -m experiments.make_results

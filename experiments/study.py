@@ -303,7 +303,8 @@ def plan_lines(
     counts = Counter(plan.state for plan in plans.values())
     states = ", ".join(f"{counts[state]} {state}" for state in PLAN_STATES if counts[state])
     lines.append(
-        f"{study.name}: {len(cells)} cells planned ({states}). Left in this window ({len(window)} cells): "
+        f"{study.name} on {env_id} in {out}: {len(cells)} cells planned ({states}). "
+        f"Left in this window ({len(window)} cells): "
         f"{left(window)}; in the whole plan: {left(plans)}."
         + ("" if pace else " No finished cell of this study yet to time the rest by.")
     )
