@@ -401,6 +401,9 @@ class Swarm:
     stopping the swarm when a stop rule says so, and ``close`` (always, in ``finally``) tells the
     agents to stop, joins them and closes the broker."""
 
+    _ctrl_c_handler = None
+    """SIGINT's handler before ``_hold_ctrl_c`` held Ctrl-C; ``close`` puts it back."""
+
     def __init__(self, cfg: SwarmConfig, agent_cfg, run_dir: Path, resume: bool, load: HostLoad, echo):
         self.cfg, self.agent_cfg, self.load = cfg, agent_cfg, load
         self.run_dir, self.resume, self.echo = run_dir, resume, echo
@@ -563,6 +566,17 @@ class Swarm:
             if not self.finished:
                 self.stopped_by = "interrupted"
             self.echo("stopping at once: the agents still running are killed and keep their last periodic checkpoint")
+            self._hold_ctrl_c()
+
+    def _hold_ctrl_c(self) -> None:
+        """From here the stop is bounded (a kill and a 5 s join an agent, the pipes' drain, the broker's
+        close): a Ctrl-C is only noted. Raised, it cut the stop short with no summary.json. ``close``
+        puts the handler back."""
+        if self._ctrl_c_handler is None and threading.current_thread() is threading.main_thread():
+            self._ctrl_c_handler = signal.signal(signal.SIGINT, self._already_stopping)
+
+    def _already_stopping(self, signum, frame) -> None:
+        self.echo("already stopping: the agents' summary is being written")
 
     def broker_stats(self) -> dict | None:
         return self.broker.stats() if self.broker else None
@@ -582,6 +596,23 @@ class Swarm:
         """Stop and join every agent, killing those that do not leave (SIGTERM only stops them again),
         then close the broker. An agent killed here, or gone without a final report, is named failed
         (summary.json's "failed"), not left out unsaid."""
+        try:
+            self._join_all()
+            self._hold_ctrl_c()
+            self._find_the_dead()
+            self._await_byes()
+            swarm_log.write(self.broker_stats(), force=True)
+            if self.stats_server is not None:
+                self.stats_server.close()
+            if self.broker is not None:
+                self.broker.close()
+        finally:
+            if self._ctrl_c_handler is not None:  # a Ctrl-C stops the consensus scoring again, if it runs
+                signal.signal(signal.SIGINT, self._ctrl_c_handler)
+                self._ctrl_c_handler = None
+
+    def _join_all(self) -> None:
+        """Join each agent, waiting ``join_s`` for it (none after a second Ctrl-C), then kill it."""
         self.stop.set()
         for p in self.procs.values():
             if p.pid is None:  # start() itself failed; its error is already on its way up
@@ -593,16 +624,6 @@ class Swarm:
             if p.is_alive():
                 p.kill()
                 p.join(5)
-        self._find_the_dead()
-        try:
-            self._await_byes()
-        except KeyboardInterrupt:
-            pass  # only the last swarm log's count of goodbyes waits on it
-        swarm_log.write(self.broker_stats(), force=True)
-        if self.stats_server is not None:
-            self.stats_server.close()
-        if self.broker is not None:
-            self.broker.close()
 
 
 def run(

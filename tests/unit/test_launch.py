@@ -1,6 +1,8 @@
 """gossiprl/launch.py's own logic, without starting a swarm."""
 
 import multiprocessing
+import os
+import signal
 import threading
 
 import pytest
@@ -193,3 +195,45 @@ def test_a_second_ctrl_c_kills_the_agents_at_once_and_the_run_still_ends_with_it
     assert [p.waited[0] for p in swarm.procs.values()] == ([30, 0] if in_join else [0, 0])
     assert all(p.exitcode == -9 for p in swarm.procs.values())
     assert swarm.failures == {r: "process exited with code -9 without a report" for r in (0, 1)}
+
+
+class KilledSlowly(Running):
+    """An agent process the user presses Ctrl-C over once more as the launcher kills it."""
+
+    def kill(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        super().kill()
+
+
+@pytest.mark.parametrize("before", ["after a second Ctrl-C", "in a plain close"])
+def test_a_later_ctrl_c_is_only_noted_once_the_stop_is_bounded(before):
+    """A third Ctrl-C, while the launcher killed the agents, drained their pipes or closed the broker,
+    still escaped as "Aborted!" with no summary.json. Once the second Ctrl-C has the agents killed, and
+    in any close once every agent is joined, what is left is bounded: a Ctrl-C is only noted, and
+    SIGINT's own handler is back for the consensus scoring."""
+    swarm = launch.Swarm.__new__(launch.Swarm)
+    said = []
+    second = before == "after a second Ctrl-C"
+    swarm.procs = {0: (KilledSlowly if second else Running)(ctrl_c=second), 1: Running()}
+    swarm.reports, swarm.echo = launch._Reports(), said.append
+    swarm.summaries, swarm.failures, swarm.stop = {}, {}, threading.Event()
+    swarm.cfg, swarm.broker, swarm.stats_server = launch.SwarmConfig(agents=2), None, None
+    swarm.join_s, swarm.stopped_by = (launch.LAUNCHER_JOIN_S if second else 0), "total frames"
+    handler = signal.getsignal(signal.SIGINT)
+
+    class CtrlCAsItLogs(Logged):
+        def write(self, *args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)
+            super().write(*args, **kwargs)
+
+    try:
+        swarm.close(CtrlCAsItLogs())
+    except KeyboardInterrupt:
+        pytest.fail("a later Ctrl-C escaped the stop: no summary.json")
+    finally:
+        restored = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, handler)
+
+    assert restored is handler
+    assert said.count("already stopping: the agents' summary is being written") == (2 if second else 1)
+    assert all(p.exitcode == -9 for p in swarm.procs.values()) and set(swarm.failures) == {0, 1}
