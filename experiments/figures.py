@@ -82,7 +82,10 @@ def study_figure(
         )
         ax.set_ylabel(Y_LABEL)
         ax.set_title(
-            "score vs frames" if x == "frames" else "score vs wall-clock (finished seeds hold their last score)"
+            "score vs frames"
+            if x == "frames"
+            else "score vs wall-clock (finished seeds hold their last score)" + wall_clock_caveat(rows),
+            fontsize=10,
         )
         ax.ticklabel_format(axis="x", style="plain", useOffset=False)
         if threshold is not None:
@@ -95,6 +98,18 @@ def study_figure(
     fig.suptitle(f"{title} — {env_id}\n{BAND} (whole seeds resampled), cut to the score's range", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def wall_clock_caveat(rows: list[dict]) -> str:
+    """What the wall-clock panel cannot show: arms whose cells ran under different machine loads (another
+    call of a study, another study's cached cell, a resumed cell) are drawn on one time axis, but their
+    time compares only where RESULTS.md says (claims.Arms.same_window_seeds)."""
+    windows = {r.get("window") if (r.get("sessions") or 1) <= 1 else ("resumed", r["setting"], r["seed"]) for r in rows}
+    if windows == {None}:
+        return "\nwindows of machine load not recorded: read time across arms as RESULTS.md says"
+    if len(windows) > 1:
+        return "\ncells ran under different machine loads: time compares only where RESULTS.md says"
+    return ""
 
 
 def _draw_band(ax, xs: np.ndarray, curves: np.ndarray, bounds: tuple[float, float], color: str, label: str) -> None:
