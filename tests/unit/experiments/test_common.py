@@ -277,3 +277,38 @@ def test_the_ordering_study_sets_overlapped_sync_beside_blocking_sync_and_keeps_
     fingerprint = cell_fingerprint(by["sync (turn locks)"], "MinAtar/Breakout-v1", 10)
     committed = RESULTS / "ordering_ablation" / "cells" / f"{by['sync (turn locks)'].key}.json"
     assert fingerprint == json.loads(committed.read_text())["fingerprint"]
+
+
+def test_a_change_to_the_defaults_a2c_cells_run_under_comes_with_a_new_loop_version():
+    """An A2C cell is named by its study's overrides, its resolved rate and LOOP_VERSION, not by every
+    default it runs under (naming it by all of them would rename every finished cell). So a default
+    that changes what an A2C cell learns must come with a new LOOP_VERSION, or finished cells are
+    reused for runs they are not. This pins those defaults to the version: it fails until both move."""
+    from dataclasses import asdict
+
+    from experiments.common import LOOP_VERSION
+    from gossiprl.rl.a2c import A2CConfig, resolve_defaults
+    from gossiprl.rl.settings import AgentConfig
+
+    bookkeeping = {"env_id", "total_frames", "seed", "agents_per_host", "device", "torch_threads", "log_every"}
+    bookkeeping |= {"checkpoint_every", "stop_at_return", "a2c", "ppo", "impala"}
+    learning = {k: v for k, v in asdict(AgentConfig()).items() if k not in bookkeeping}
+    minatar = {
+        env: asdict(resolve_defaults(A2CConfig(), env)) for env in ("MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1")
+    }
+    a2c = {"num_envs": 16, "n_steps": 5, "lr": 0.0014, "rmsprop_eps": 1e-05, "rmsprop_alpha": 0.99}
+    a2c |= {"entropy_coef": 0.01, "value_coef": 0.5, "gamma": 0.99, "max_grad_norm": 0.5, "clip_rewards": False}
+    assert (LOOP_VERSION, learning, minatar) == (
+        4,
+        {
+            "shared_init": True,
+            "sticky_actions": 0.0,
+            "gossip_every": 1,
+            "gossip_overlap": False,
+            "overlap_lr_scale": True,
+            "aggregate": "mean",
+            "deviation_bound": 10.0,
+            "algo": "a2c",
+        },
+        {"MinAtar/Breakout-v1": a2c, "MinAtar/SpaceInvaders-v1": a2c},
+    )
