@@ -59,6 +59,14 @@ class Claim:
     """For a claim that ``better`` costs little against ``than``: the share of their IQM it may lose,
     judged by IQM ratio against 1 - margin (None: judged by P(X > Y) against 0.5)."""
     why_margin: str = ""
+    control: tuple[str, str] | None = None
+    """For a claim that a change helps ``better`` beyond what it does elsewhere: the control's arms with
+    and without the change. Judged by the gain ratio (IQM(better) / IQM(than)) / (IQM(control[0]) /
+    IQM(control[1])) against 1 (None: the claim's own arms alone)."""
+
+    def __post_init__(self):
+        if self.control is not None and (self.axis != "frames" or len(self.than) != 1 or self.margin is not None):
+            raise ValueError(f"{self.source}: a claim with a control compares one arm per frame, with no margin")
 
 
 CLAIMS = {
@@ -81,12 +89,14 @@ CLAIMS = {
     "lr_sweep": Claim(
         "the square-root rule for adaptive optimizers (Malladi et al. 2022), which GALA's README follows for 4 "
         "learners (2x A2C's rate)",
-        "a ring of 4, whose mean steps on a 4x batch, learns more per agent step at 2x the rate than at 1x",
+        "a ring of 4, whose mean steps on a 4x batch, gains more per agent step from 2x the rate than one agent, "
+        "whose batch is not larger, does",
         "ring of 4, lr 1.4e-3",
         ("ring of 4, lr 7e-4",),
         "frames",
         "the rule is about progress per step, and each agent's steps are its frames; one agent at each rate is "
-        "the control (the rule predicts no gain for it)",
+        "the control (the rule predicts no gain for it), so a rate that helps both alike is no evidence for it",
+        control=("1 agent, lr 1.4e-3", "1 agent, lr 7e-4"),
     ),
     "learners": Claim(
         "PALA Table 1 (PALA-A2C against A2C); for PPO and IMPALA this project's own question",
@@ -233,25 +243,40 @@ class Arms:
         xs, ys = self.scores(x, axis, seeds), self.scores(y, axis, seeds)
         return stats.ratio_interval([xs], [ys], size=size) if (ys > 0).all() else None
 
-    def same_window_seeds(self, x: str, y: str) -> list[int] | None:
-        """The seeds whose cells of ``x`` and of ``y`` ran in one window of machine load (one call of
-        a study, which runs its arms seed by seed), each in one session: the only seeds their
-        wall-clock compares on. A cell reused from another study's window, or resumed, compares on
-        frames only. None where no cell of either records its window (run before windows were
-        recorded): those compare as they always did, and their study's note says what is known."""
-        mine = {(r["setting"], r["seed"]): r for r in self.rows if r["setting"] in (x, y)}
-        if all(r.get("window") is None for r in mine.values()):
-            return None
+    def windows_recorded(self, x: str, y: str) -> bool:
+        """Whether a cell of ``x`` or ``y`` records its window of machine load: cells run before windows
+        were recorded (2026-11-28) do not, and their wall-clock is described, never read as a result."""
+        return any(r.get("window") is not None for r in self.rows if r["setting"] in (x, y))
 
-        def window(setting: str, seed: int) -> str | None:
+    def gain_ratio(
+        self, x: str, y: str, cx: str, cy: str, axis: str, size: float = 0.95, seeds: list[int] | None = None
+    ) -> stats.Estimate | None:
+        """(IQM(x) / IQM(y)) / (IQM(cx) / IQM(cy)); None where y, cx or cy has a score of 0 or less."""
+        xs, ys, cxs, cys = (self.scores(s, axis, seeds) for s in (x, y, cx, cy))
+        if not all(a.size for a in (xs, ys, cxs, cys)) or min(a.min() for a in (ys, cxs, cys)) <= 0:
+            return None
+        return stats.gain_ratio_interval([xs], [ys], [cxs], [cys], size=size)
+
+    def same_window_seeds(self, x: str, y: str) -> list[int]:
+        """The seeds whose cells of ``x`` and of ``y`` each ran in one session and, where windows are
+        recorded, in one window of machine load (one call of a study, which runs its arms seed by seed;
+        a cell from the shared cache keeps the window it ran in): the only seeds their wall-clock
+        compares on. A resumed cell ran under two loads and compares on frames only."""
+        mine = {(r["setting"], r["seed"]): r for r in self.rows if r["setting"] in (x, y)}
+        recorded = self.windows_recorded(x, y)
+
+        def window(setting: str, seed: int):
             row = mine.get((setting, seed))
-            return None if row is None or (row.get("sessions") or 1) > 1 else row.get("window")
+            if row is None or (row.get("sessions") or 1) > 1:
+                return None
+            return row.get("window") if recorded else "one session"
 
         seeds = sorted({seed for _, seed in mine})
         return [s for s in seeds if window(x, s) is not None and window(x, s) == window(y, s)]
 
 
 NO_WINDOW = "no seed has cells of both that ran in one window of machine load"
+UNRECORDED = "not read: these cells record no window of machine load, so they may have run under other loads"
 
 
 def window_text(arms: Arms, x: str, y: str, seeds: list[int] | None) -> str:
@@ -259,7 +284,8 @@ def window_text(arms: Arms, x: str, y: str, seeds: list[int] | None) -> str:
     both = {r["seed"] for r in arms.rows if r["setting"] == x} & {r["seed"] for r in arms.rows if r["setting"] == y}
     if seeds is None or len(seeds) == len(both):
         return ""
-    return f"; on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, whose cells ran in one window"
+    why = "ran in one window" if arms.windows_recorded(x, y) else "each ran in one session"
+    return f"; on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, whose cells {why}"
 
 
 def interval_text(estimate: stats.Estimate) -> str:
@@ -323,7 +349,8 @@ def comparison_lines(
                 continue
             estimate = arms.improvement(x, y, axis, seeds=seeds)
             if estimate is not None:
-                reading = judge(estimate) + window_text(arms, x, y, seeds)
+                read = axis != "wall_s" or arms.windows_recorded(x, y)
+                reading = (judge(estimate) if read else UNRECORDED) + window_text(arms, x, y, seeds)
                 parts.append(f"{axis_text(axis, arms, frames_per_agent)} {interval_text(estimate)} ({reading})")
         lines.append(f"- P({x} > {y}): {'; '.join(parts)}.")
     return lines
@@ -343,13 +370,34 @@ def compare(claim: Claim, other: str, arms: Arms, bounds: tuple[float, float], s
     seeds += window_text(arms, x, other, same) + ")"
     x_iqm, other_iqm = (interval_text(arms.iqm(s, axis, bounds, size, same)) for s in (x, other))
     iqms = f"IQM {x_iqm} against {other_iqm}"
+    unread = axis == "wall_s" and not arms.windows_recorded(x, other)
+    if claim.control is not None:
+        return _against_control(claim, other, arms, bounds, size, f"{iqms} {seeds}")
     if claim.margin is None:
         estimate = arms.improvement(x, other, axis, size, same)
-        return judge(estimate), f"P({x} > {other}) = {interval_text(estimate)}, {iqms} {seeds}"
+        text = f"P({x} > {other}) = {interval_text(estimate)}, {iqms} {seeds}"
+        return ("unrecorded windows", f"{text}, {UNRECORDED}") if unread else (judge(estimate), text)
     estimate = arms.ratio(x, other, axis, size, same)
     if estimate is None:
         return "no ratio", f"{other} has a score of 0 or less, which a ratio cannot take; {iqms} {seeds}"
-    return judge(estimate, 1 - claim.margin), f"IQM ratio {x} / {other} = {interval_text(estimate)}, {iqms} {seeds}"
+    text = f"IQM ratio {x} / {other} = {interval_text(estimate)}, {iqms} {seeds}"
+    return ("unrecorded windows", f"{text}, {UNRECORDED}") if unread else (judge(estimate, 1 - claim.margin), text)
+
+
+def _against_control(
+    claim: Claim, other: str, arms: Arms, bounds: tuple[float, float], size: float, iqms: str
+) -> tuple[str, str]:
+    """A claim with a control, on frames: X's gain over ``other`` against the control's, by the gain ratio."""
+    x, (cx, cy) = claim.better, claim.control
+    if not (len(arms.scores(cx, claim.axis)) and len(arms.scores(cy, claim.axis))):
+        return "not run", f"the control ({cx} against {cy}) has no finished cell with a score there"
+    control = f"{cx} {interval_text(arms.iqm(cx, claim.axis, bounds, size))} against {cy} "
+    control += f"{interval_text(arms.iqm(cy, claim.axis, bounds, size))}"
+    estimate = arms.gain_ratio(x, other, cx, cy, claim.axis, size)
+    if estimate is None:
+        return "no ratio", f"an arm has a score of 0 or less, which a ratio cannot take; {iqms}; control {control}"
+    text = f"gain ratio ({x} / {other}) / ({cx} / {cy}) = {interval_text(estimate)}, {iqms}; control {control}"
+    return judge(estimate, 1.0), text
 
 
 def verdict(claim: Claim, readings: list[str]) -> str:
@@ -359,11 +407,13 @@ def verdict(claim: Claim, readings: list[str]) -> str:
     if all(r == "higher" for r in readings):
         return VERDICT["higher"]
     line = "of P holds 0.5" if claim.margin is None else f"of the ratio holds {1 - claim.margin:.2f}"
+    line = "of the gain ratio holds 1" if claim.control is not None else line
     reasons = {
         "cannot tell apart": f"an interval {line}",
         "not run": "an arm has no finished cell with a score there",
         "no ratio": "an arm has a score of 0 or less, which a ratio cannot take",
         "other windows": "no seed has cells of the claim's arm and of another that ran in one window of machine load",
+        "unrecorded windows": "the cells record no window of machine load, so their wall-clock is not read",
     }
     too_few = f"fewer than {stats.MIN_RUNS} seeds in an arm give no interval"
     why = dict.fromkeys(reasons.get(r, too_few) for r in readings if r != "higher")
@@ -388,7 +438,13 @@ def claim_lines(
             f"contradicts it where the interval lies below, and cannot decide it otherwise. Why "
             f"{100 * claim.margin:g} %: {claim.why_margin}."
         )
-    older = [arm for arm in (claim.better, *claim.than) if arm in stale]
+    if claim.control is not None:
+        head += (
+            f" Judged by the gain ratio (IQM {claim.better} / IQM {claim.than[0]}) / (IQM {claim.control[0]} / IQM "
+            f"{claim.control[1]}): the data supports the claim where its whole interval lies above 1, contradicts it "
+            "where it lies below, and cannot decide it otherwise."
+        )
+    older = [arm for arm in (claim.better, *claim.than, *(claim.control or ())) if arm in stale]
     if older:
         return [
             f"{head} This data **cannot decide** it: the cells of {', '.join(older)} ran under other settings than "

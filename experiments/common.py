@@ -69,23 +69,17 @@ RETURN_BOUNDS = {"CartPole-v1": (0.0, 500.0)}
 """Episode returns an env's rules allow, where both ends are known (CartPole-v1: +1 a step, 500 steps)."""
 
 
-def score_bounds(env_id: str, rows: list[dict]) -> tuple[tuple[float, float], str]:
-    """The range a score can take, to clip intervals to, and where each end comes from: the env's
-    rules where known (no MinAtar reward is negative, so 0 below), else the lowest / highest score
-    (any agent's last-100 mean or evaluation, any consensus evaluation) a run of ``rows`` reached."""
-    observed = [
-        v
-        for r in rows
-        for v in [*r["per_agent_last100"], *r.get("per_agent_eval", []), r.get("consensus_eval")]
-        if v is not None and not math.isnan(v)
-    ]
-    low, high = RETURN_BOUNDS.get(env_id, (0.0 if is_minatar(env_id) else None, None))
-    if low is not None and high is not None:
+def score_bounds(env_id: str) -> tuple[tuple[float, float], str]:
+    """The range a score can take, to clip intervals to, and where each end comes from: only what the
+    env's rules fix (CartPole's 0 and 500; no MinAtar reward is negative, so 0 below). An end the rules
+    leave open stays open: the highest score a run reached is no bound on what a mean can be, and a
+    t-interval cut there read narrower than the data is."""
+    low, high = RETURN_BOUNDS.get(env_id, (0.0 if is_minatar(env_id) else -math.inf, math.inf))
+    if math.isfinite(low) and math.isfinite(high):
         return (low, high), f"[{low:g}, {high:g}], {env_id}'s return range"
-    said = "0 (no MinAtar reward is negative)" if low is not None else "the lowest score a run reached"
-    low = min(observed) if low is None else low
-    high = max(observed)
-    return (low, high), f"[{low:.2f}, {high:.2f}]: below, {said}; above, the highest score a run reached"
+    if math.isfinite(low):
+        return (low, high), f"[{low:g}, no upper end]: 0 below, no MinAtar reward being negative; no upper end is known"
+    return (low, high), "no end known (intervals are not cut)"
 
 
 PLANE = "shm" if sys.platform == "linux" else "broker"

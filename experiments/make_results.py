@@ -35,6 +35,7 @@ from experiments.common import (
     ci95,
     load_rows,
     read_curves,
+    read_record,
     score_bounds,
     shared_row,
     shown_rows,
@@ -203,7 +204,7 @@ def study_section(folder: str, results: Path) -> list[str]:
         return lines + [""]
     finish(as_run, out, rows, settings, meta["env"], meta["threshold"], older)
     table = {e["setting"]: e for e in aggregate(rows, settings, METRICS)}
-    bounds, bounds_said = score_bounds(meta["env"], rows)
+    bounds, bounds_said = score_bounds(meta["env"])
     arms = claims.Arms(out, rows)
     lines += [
         "",
@@ -426,7 +427,7 @@ def baselines_section(out: Path, results: Path) -> list[str]:
         "| setting | frames per agent | seeds | IQM of last-100 [95 % bootstrap] | mean ± 95 % t | frames/s |",
         "|---|---|---|---|---|---|",
     ]
-    bounds, bounds_said = score_bounds(env, [r for entry in entries for r in entry[1]])
+    bounds, bounds_said = score_bounds(env)
     frames_of, curves, scores = {}, {}, {}
     for setting, mine, per_agent, folder, reader in entries:
         if not mine:
@@ -547,12 +548,13 @@ def table1_section(results: Path) -> list[str]:
     command = meta.get("command", table1.COMMAND).strip()
     cells, settings = planned_cells(table1.STUDY, quick, frames, meta.get("seeds", table1.SEEDS))
     finished = {cell_key(r["setting"], r["seed"]): r for r in load_rows(out, cells)}
-    from_cache = 0
+    cached = set()
     for c in cells:
         if c.key not in finished:
             row = shared_row(c, results / "_shared", cell_fingerprint(c, env, default_eval_episodes(quick)))
             if row is not None:
-                finished[c.key], from_cache = row, from_cache + 1
+                finished[c.key] = row
+                cached.add(c.key)
     rows = list(finished.values())
     references = reference_rows(results, env, frames)
     lines = [
@@ -566,12 +568,16 @@ def table1_section(results: Path) -> list[str]:
             f"**Not run**: no cell of it in this checkout or its shared cell cache; `{command}` runs it.",
             "",
         ]
-    bounds, bounds_said = score_bounds(env, rows + [r for _, mine in references for r in mine])
+    bounds, bounds_said = score_bounds(env)
+    elsewhere = studies_that_ran(results, exclude=out.name)
+    reused = [r for k, r in finished.items() if k in cached or r.get("fingerprint") in elsewhere]
+    by = sorted({study for r in reused for study in elsewhere.get(r.get("fingerprint"), ())})
+    by += ["the shared cell cache"] if any(r.get("fingerprint") not in elsewhere for r in reused) else []
     lines += [
         f"**Setup.** `{command}` — {env}, {frames:,} frames for each agent (a ring of 4 trains 4x as many in all); "
-        f"{len(rows)} of {len(cells)} cells finished; {sum(r['setting'] != table1.GALA for r in rows)} of them are "
-        "the runs of swarm_vs_one or learners of the same configuration and seed, which this study reuses rather "
-        f"than runs again ({from_cache} read from the shared cell cache, not yet copied into the study's directory). "
+        f"{len(rows)} of {len(cells)} cells finished; {len(reused)} of them are runs other studies hold too "
+        f"({', '.join(by) or 'none'}: the same configuration and seed), which this study reuses rather than runs "
+        f"again ({len(cached)} read from the shared cell cache, not yet copied into the study's directory). "
         "PALA-A2C is `gossiprl run`'s ring (turn locks, blocking gossip); GALA-A2C is the same ring in async mode "
         "(GALA's gossip buffer: skip an unread slot, mix what is there, unbounded staleness); why: "
         "experiments/table1.py.",
@@ -623,14 +629,24 @@ def table1_section(results: Path) -> list[str]:
     return lines
 
 
+def studies_that_ran(results: Path, exclude: str) -> dict[str, set[str]]:
+    """Each cell fingerprint in a study dir of ``results`` other than ``exclude``: the dirs that hold it."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(results.glob("*/cells/*.json")):
+        folder = path.parent.parent.name
+        if folder != exclude and not folder.startswith("_"):
+            found.setdefault(read_record(path).get("fingerprint"), set()).add(folder)
+    return found
+
+
 TABLE1_PAIRS = (
     (table1.PALA, table1.ONE),
     (table1.GALA, table1.ONE),
     (table1.GALA, table1.PALA),
 )
 """(X, Y) for P(X > Y) in Table 1's section: each gossiping A2C against one agent, the papers' claim
-at equal frames per agent, and GALA's ordering against PALA's, which no other section compares at
-this budget."""
+at equal frames per agent, and GALA's ordering against PALA's (the ordering study's async, unbounded
+against its sync: the same cells, read here beside Table 1's other rows, not a second result)."""
 
 
 def table1_comparisons(rows: list[dict]) -> list[str]:
@@ -798,9 +814,10 @@ def main(results, output):
         "off the curves after T seconds of training, T the shortest of the settings' median training times "
         "(a cell done before T keeps its final score). Two arms' wall-clock is compared only on the seeds whose "
         "cells of both ran in one window of machine load (one call of a study, which runs its arms seed by seed), "
-        "each in one session: a cell another study ran (the shared cell cache), or one resumed, compares per frame "
-        "only. Cells run before windows were recorded (2026-11-28) compare as they always did; their study's note "
-        "says what is known of their load. Score = each agent's "
+        "each in one session: a resumed cell compares per frame only, and a cell another study ran (the shared "
+        "cell cache) keeps the window it ran in. Cells run before windows were recorded (2026-11-28) have their "
+        "wall-clock comparisons shown but not read as higher or lower, and decide no claim about time; their "
+        "study's note says what is known of their load. Score = each agent's "
         "own mean return over its last 100 training episodes, averaged over agents (never pooled over agents); "
         "'worst agent' is the lowest of them. Each agent's final policy and the consensus policy (the plain "
         "average of all agents' final parameters) are played for fresh episodes (how many: each study's setup) "
@@ -822,10 +839,10 @@ def main(results, output):
         "errs at most 5 % of the time ('supports', which needs all of them, is conservative for it); the "
         "comparisons listed beside a claim, on every axis, and the across-games summary are 95 % intervals each, "
         "uncorrected, and no verdict is read off them. The tables also give the mean ± 95 % Student-t "
-        "interval, for reference; no verdict is read off it. Every interval is cut to the range the score can "
-        "take: the env's where its rules fix it, else the scores the study's runs reached (each "
-        "study says which). The untrained policy's score (`python -m experiments.untrained`) is stated with "
-        "each study and drawn as a dashed line in its figure.",
+        "interval, for reference; no verdict is read off it. Every interval is cut to the ends of the score's range "
+        "that the env's rules fix (0 below on MinAtar, whose rewards are never negative); an end they leave open "
+        "stays open (each study says which). The untrained policy's score (`python -m experiments.untrained`) "
+        "is stated with each study and drawn as a dashed line in its figure.",
         "",
     ]
     lines += budget_lines(results)

@@ -9,6 +9,8 @@ of the statistical precipice*), in numpy, because rliable itself pulls arch, sea
   higher, never by how much.
 * IQM ratio IQM(X) / IQM(Y), each arm's scores pooled over tasks: how much of Y's score X keeps,
   the scale-free size of a difference that a margin (experiments/claims.py) can be set against.
+* Gain ratio (IQM(X) / IQM(Y)) / (IQM(CX) / IQM(CY)): X's gain over Y against a control's, CX over
+  CY, for a claim that a change helps one layout more than another (an interaction).
 * Intervals: percentile intervals of a stratified bootstrap, runs resampled within each task
   (and each arm's runs on their own for P(X > Y) and the ratio), as rliable's
   ``get_interval_estimates`` does. Where k comparisons are read together, each takes a
@@ -139,6 +141,35 @@ def ratio_interval(
     interval = _bootstrap(xs + ys, ratio, reps, size, seed)
     pooled = [np.concatenate([g.ravel() for g in groups]) for groups in (xs, ys)]
     return _estimate(iqm(pooled[0]) / iqm(pooled[1]), interval)
+
+
+def gain_ratio_interval(
+    x_tasks: Sequence,
+    y_tasks: Sequence,
+    cx_tasks: Sequence,
+    cy_tasks: Sequence,
+    reps: int = 50_000,
+    size: float = 0.95,
+    seed: int = 0,
+) -> Estimate:
+    """(IQM(X) / IQM(Y)) / (IQM(CX) / IQM(CY)), with its interval: how X's gain over Y compares with a
+    control's gain, CX over CY (above 1: X gains more). A treatment that helps every arm alike, as a
+    better learning rate can, shows in X / Y and in CX / CY both; only what is X's own moves this. Each
+    arm's runs are resampled on their own, within each task; Y's, CX's and CY's scores must be above 0."""
+    arms = [as_tasks(t) for t in (x_tasks, y_tasks, cx_tasks, cy_tasks)]
+    n = len(arms[0])
+    if any(len(a) != n for a in arms):
+        raise ValueError(f"the arms have {[len(a) for a in arms]} tasks: a gain ratio compares them task by task")
+    if min(float(g.min()) for a in arms[1:] for g in a) <= 0:
+        raise ValueError("a gain ratio needs every score of Y, CX and CY above 0; compare such arms by P(X > Y)")
+
+    def gain(drawn: list[np.ndarray]) -> np.ndarray:
+        x, y, cx, cy = (_iqm_rows(np.concatenate(drawn[k * n : (k + 1) * n], axis=1)) for k in range(4))
+        return (x / y) / (cx / cy)
+
+    interval = _bootstrap([g for a in arms for g in a], gain, reps, size, seed)
+    x, y, cx, cy = (iqm(np.concatenate([g.ravel() for g in a])) for a in arms)
+    return _estimate((x / y) / (cx / cy), interval)
 
 
 def bonferroni(comparisons: int) -> float:

@@ -351,7 +351,7 @@ def finish(
         time_split=study.time_split,
         threshold=threshold,
         frames_per_agent=study.frames_per_agent,
-        bounds=score_bounds(env_id, rows)[0],
+        bounds=score_bounds(env_id)[0],
         untrained=(untrained_score(env_id) or {}).get("mean"),
     )
     for entry in table:

@@ -56,6 +56,35 @@ def test_the_verdict_is_read_off_the_interval_of_p_against_one_half(ring, word):
     assert "Judged at equal frames per agent" in line
 
 
+LR = claims.CLAIMS["lr_sweep"]
+
+
+@pytest.mark.parametrize(
+    "one_gain, ring_gain, word",
+    [
+        (1.3, 1.3, "**cannot decide** it: an interval of the gain ratio holds 1."),  # a rate that helps both alike
+        (1.0, 1.5, "**supports** it."),  # the rule's prediction: the ring gains, one agent does not
+        (1.5, 1.3, "**contradicts** it."),  # one agent gains more
+    ],
+)
+def test_the_lr_rule_is_judged_by_the_rings_gain_beyond_one_agents(one_gain, ring_gain, word):
+    """The square-root rule asks for a larger rate because the ring's mean steps on a larger batch, so
+    only a gain beyond one agent's (its control) is evidence for it: the ring's own gain (P = 1.00)
+    read "supports" on SpaceInvaders, where one agent gained as much from the same doubling."""
+    spread = [0.97, 1.0, 1.03, 0.99, 1.01]
+    one = [[60.0 * k] for k in spread]
+    ring = [[70.0 * k, 71.0 * k, 69.0 * k, 70.5 * k] for k in spread]
+    scores = {
+        LR.control[1]: one,
+        LR.control[0]: [[v * one_gain for v in seed] for seed in one],
+        LR.than[0]: ring,
+        LR.better: [[v * ring_gain for v in seed] for seed in ring],
+    }
+    (line,) = claims.claim_lines("lr_sweep", claims.Arms(None, rows(scores)), BOUNDS, frames_per_agent=True)
+    assert line.endswith(f"This data {word}") and f"control {LR.control[0]}" in line
+    assert f"gain ratio ({LR.better} / {LR.than[0]}) / ({LR.control[0]} / {LR.control[1]}) = " in line
+
+
 def test_too_few_seeds_or_a_missing_arm_decide_nothing():
     assert "fewer than 3 seeds" in verdict({ONE: [[5.8], [6.0]], RING: [[7.0, 7.1, 7.2, 7.3]] * 2})
     assert "Not tested here: no finished cell of ring of 4" in verdict({ONE: [[5.8], [6.0], [6.2]]})
@@ -206,7 +235,9 @@ def layout_arms(tmp_path, scores: dict[str, list[float]], windows: dict | None =
 
 
 def layout(tmp_path, spread: list[float], one_host: list[float]) -> str:
-    arms = layout_arms(tmp_path, {LAYOUT.better: spread, LAYOUT.than[0]: one_host})
+    """The layout claim's line, its arms run in one window of machine load."""
+    windows = {LAYOUT.better: ["A"] * len(spread), LAYOUT.than[0]: ["A"] * len(one_host)}
+    arms = layout_arms(tmp_path, {LAYOUT.better: spread, LAYOUT.than[0]: one_host}, windows)
     (line,) = claims.claim_lines("layout", arms, BOUNDS, frames_per_agent=False)
     return line
 
@@ -343,11 +374,27 @@ def test_arms_that_share_no_window_are_not_compared_in_wall_clock_and_decide_no_
     assert "at equal wall-clock (10 s of training) not compared (no seed has cells of both" in compared
 
 
-def test_cells_that_record_no_window_compare_in_wall_clock_as_they_always_did(tmp_path):
-    arms = layout_arms(tmp_path, {LAYOUT.better: SPREAD, LAYOUT.than[0]: ONE_HOST})
-    assert arms.same_window_seeds(LAYOUT.better, LAYOUT.than[0]) is None
+def test_cells_that_record_no_window_are_described_in_wall_clock_but_decide_nothing(tmp_path):
+    """Cells run before windows were recorded compared in wall-clock as if they shared one: RESULTS.md
+    printed "(lower)" for the SpaceInvaders ordering study's sync cells, run a day before its async
+    ones, which its own note called void. Their wall-clock is now shown and not read, a resumed cell
+    is left out of it, and a time claim on them decides nothing."""
+    windows = {LAYOUT.better: [None, None, (None, 2), None, None], LAYOUT.than[0]: [None] * 5}
+    arms = layout_arms(tmp_path, {LAYOUT.better: SPREAD, LAYOUT.than[0]: ONE_HOST}, windows)
+    assert not arms.windows_recorded(LAYOUT.better, LAYOUT.than[0])
+    assert arms.same_window_seeds(LAYOUT.better, LAYOUT.than[0]) == [1, 2, 4, 5]
     (line,) = claims.claim_lines("layout", arms, BOUNDS, frames_per_agent=False)
-    assert "(5 and 5 seeds)" in line and line.endswith("**supports** it.")
+    assert "(4 and 4 seeds; on seeds 1, 2, 4, 5, whose cells each ran in one session)" in line
+    assert claims.UNRECORDED in line and "**supports**" not in line
+    assert line.endswith(
+        "**cannot decide** it: the cells record no window of machine load, so their wall-clock is not read."
+    )
+    (compared,) = claims.comparison_lines("layout", arms, list(windows), frames_per_agent=False)
+    assert "at equal frames for the whole swarm 0.00 [0.00, 0.00] (lower);" in compared  # per frame: read
+    assert (
+        f"at equal wall-clock (10 s of training) 0.00 [0.00, 0.00] ({claims.UNRECORDED}; on seeds 1, 2, 4, 5"
+        in compared
+    )
 
 
 def test_a_claim_arm_with_no_score_by_then_on_the_shared_window_seeds_is_not_run_there(tmp_path):
