@@ -153,7 +153,8 @@ CLAIMS = {
         "the claim is about time, and per frame the two are the same runs (sync gossip is deterministic)",
         margin=0.10,
         why_margin="the paper puts no number on 'little'; a tenth of the one host's score is this project's "
-        "reading of it, a common non-inferiority margin, chosen with these cells' IQMs already known",
+        "reading of it, a common non-inferiority margin. It was chosen when the study's older cells (100k frames, "
+        "since replaced by its plan) were known, and fixed on 2026-11-25, before any cell of the plan ran",
     ),
 }
 """Each study's claim, keyed by the study's module name."""
