@@ -89,12 +89,12 @@ NOTES = {
     "the minimal loop under the same load, against 1.15x with one thread): its 556 frames/s, and every "
     "'swarm beats one agent per second' reading, come from that. Agents now take one torch thread; the "
     "per-frame columns stand.",
-    "swarm_learning": "The cells of each setting ran one seed after another, all settings per seed, on the "
-    "shared 2-core VM; wall-clock figures are confounded by that and are not the point of this study. "
-    "Every cell here ran under loop version 3, when agent r of seed s drew from seed s + r (so seeds shared "
-    "agents' episode streams); the study's next run re-runs them under today's (seed, rank) streams. In the "
-    "lr-rule cell of seed 3 the background jobs were starved for a few seconds by a "
-    "benchmark, and each agent skipped 5-9 of its 3,125 gossip rounds (`gossip/skipped` in their metrics).",
+    "swarm_learning": "Every cell ran in one call of the study on 2026-11-28 (one window of machine load), "
+    "all settings seed by seed, under loop version 4 ((seed, rank) streams), on the shared 2-core VM beside "
+    "edits and short tests; a 1-agent cell uses one of the two cores, a ring both, so wall-clock is not the point "
+    "of this study. No letter was dropped or skipped in any cell; in the old-defaults ring (each agent its own "
+    "initial network) every agent had one letter clipped by the deviation bound, in the first round, where its "
+    "neighbours' networks were still their own draws (`gossip/clipped` in their metrics).",
     "layout": "The spread layout runs the agents as `gossiprl agent` commands in network namespaces (as "
     "tests/integration/test_netns.py does): a broker host and two agent hosts with 2 agents each, every link "
     "shaped with tc to 1 Gbit/s; the same two cores serve all of them.",
