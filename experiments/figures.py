@@ -106,9 +106,9 @@ def wall_clock_caveat(rows: list[dict]) -> str:
     time compares only where RESULTS.md says (claims.Arms.same_window_seeds)."""
     windows = {r.get("window") if (r.get("sessions") or 1) <= 1 else ("resumed", r["setting"], r["seed"]) for r in rows}
     if windows == {None}:
-        return "\nwindows of machine load not recorded: read time across arms as RESULTS.md says"
+        return "\nload windows not recorded; RESULTS.md says what compares"
     if len(windows) > 1:
-        return "\ncells ran under different machine loads: time compares only where RESULTS.md says"
+        return "\ncells ran under different loads; RESULTS.md says what compares"
     return ""
 
 

@@ -11,9 +11,9 @@ def test_the_wall_clock_panel_says_when_its_arms_ran_under_different_loads():
     one_window = [row("ring", s, "w1") for s in (1, 2)] + [row("none", s, "w1") for s in (1, 2)]
     assert wall_clock_caveat(one_window) == ""
     reused = one_window + [row("full", 1, "w0")]
-    assert "different machine loads" in wall_clock_caveat(reused)
+    assert "different loads" in wall_clock_caveat(reused)
     resumed = one_window[:-1] + [row("none", 2, "w1", sessions=2)]
-    assert "different machine loads" in wall_clock_caveat(resumed)
+    assert "different loads" in wall_clock_caveat(resumed)
     old = [row("ring", 1, None), row("none", 1, None)]
     assert "not recorded" in wall_clock_caveat(old)
-    assert "different machine loads" in wall_clock_caveat(old + one_window)
+    assert "different loads" in wall_clock_caveat(old + one_window)
