@@ -13,6 +13,11 @@ states a margin m, and why, and is judged by the ratio IQM(X) / IQM(Y) and its i
 1 - m (non-inferiority): higher where the whole interval lies above 1 - m, lower where it lies
 below, undecided where it holds 1 - m.
 
+A claim that a change helps X beyond what it does elsewhere (the square-root learning-rate rule: a
+ring gains from a larger rate where one agent does not) names a control, the pair (CX, CY) that the
+same change turns CY into CX, and is judged by the gain ratio (IQM(X) / IQM(Y)) / (IQM(CX) / IQM(CY))
+against 1: a change that helps both alike is no evidence for it.
+
 A claim with several Ys is decided by all its comparisons at once: it is *contradicted* if any
 comparison is lower (a clear result on data that exists is never hidden by another comparison's
 missing seeds or cells), *supported* only if every comparison is higher, and *cannot be decided*
@@ -277,6 +282,14 @@ class Arms:
 
 
 NO_WINDOW = "no seed has cells of both that ran in one window of machine load"
+ALL_RESUMED = "no seed has cells of both that each ran in one session (a resumed cell ran under two loads)"
+
+
+def no_seed_text(arms: Arms, x: str, y: str) -> str:
+    """Why no seed compares ``x`` and ``y`` in wall-clock."""
+    return NO_WINDOW if arms.windows_recorded(x, y) else ALL_RESUMED
+
+
 UNRECORDED = "not read: these cells record no window of machine load, so they may have run under other loads"
 
 
@@ -346,7 +359,7 @@ def comparison_lines(
         for axis in ("frames", "wall_s", "consensus"):
             seeds = arms.same_window_seeds(x, y) if axis == "wall_s" else None
             if seeds == []:
-                parts.append(f"{axis_text(axis, arms, frames_per_agent)} not compared ({NO_WINDOW})")
+                parts.append(f"{axis_text(axis, arms, frames_per_agent)} not compared ({no_seed_text(arms, x, y)})")
                 continue
             estimate = arms.improvement(x, y, axis, seeds=seeds)
             if estimate is not None:
@@ -362,7 +375,8 @@ def compare(claim: Claim, other: str, arms: Arms, bounds: tuple[float, float], s
     x, axis = claim.better, claim.axis
     same = arms.same_window_seeds(x, other) if axis == "wall_s" and arms.seeds(other) else None
     if same == []:
-        return "other windows", f"{other}: not compared ({NO_WINDOW})"
+        reading = "other windows" if arms.windows_recorded(x, other) else "resumed"
+        return reading, f"{other}: not compared ({no_seed_text(arms, x, other)})"
     if not len(arms.scores(other, axis, same)):
         return "not run", f"{other}: no finished cell has a score there"
     if not len(arms.scores(x, axis, same)):  # none of x's cells on the seeds whose cells share a window
@@ -415,6 +429,7 @@ def verdict(claim: Claim, readings: list[str]) -> str:
         "no ratio": "an arm has a score of 0 or less, which a ratio cannot take",
         "other windows": "no seed has cells of the claim's arm and of another that ran in one window of machine load",
         "unrecorded windows": "the cells record no window of machine load, so their wall-clock is not read",
+        "resumed": "no seed has cells of the claim's arm and of another that each ran in one session",
     }
     too_few = f"fewer than {stats.MIN_RUNS} seeds in an arm give no interval"
     why = dict.fromkeys(reasons.get(r, too_few) for r in readings if r != "higher")

@@ -104,10 +104,10 @@ def wall_clock_caveat(rows: list[dict]) -> str:
     """What the wall-clock panel cannot show: arms whose cells ran under different machine loads (another
     call of a study, another study's cached cell, a resumed cell) are drawn on one time axis, but their
     time compares only where RESULTS.md says (claims.Arms.same_window_seeds)."""
-    windows = {r.get("window") if (r.get("sessions") or 1) <= 1 else ("resumed", r["setting"], r["seed"]) for r in rows}
-    if windows == {None}:
+    if all(r.get("window") is None for r in rows):
         return "\nload windows not recorded; RESULTS.md says what compares"
-    if len(windows) > 1:
+    resumed = any((r.get("sessions") or 1) > 1 for r in rows)
+    if resumed or len({r.get("window") for r in rows}) > 1:
         return "\ncells ran under different loads; RESULTS.md says what compares"
     return ""
 

@@ -576,8 +576,8 @@ def table1_section(results: Path) -> list[str]:
     lines += [
         f"**Setup.** `{command}` — {env}, {frames:,} frames for each agent (a ring of 4 trains 4x as many in all); "
         f"{len(rows)} of {len(cells)} cells finished; {len(reused)} of them are runs other studies hold too "
-        f"({', '.join(by) or 'none'}: the same configuration and seed), which this study reuses rather than runs "
-        f"again ({len(cached)} read from the shared cell cache, not yet copied into the study's directory). "
+        f"({', '.join(by) or 'none'}: the same configuration and seed, run once, by whichever study came first; "
+        f"{len(cached)} read from the shared cell cache, not yet copied into the study's directory). "
         "PALA-A2C is `gossiprl run`'s ring (turn locks, blocking gossip); GALA-A2C is the same ring in async mode "
         "(GALA's gossip buffer: skip an unread slot, mix what is there, unbounded staleness); why: "
         "experiments/table1.py.",
@@ -634,8 +634,9 @@ def studies_that_ran(results: Path, exclude: str) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in sorted(results.glob("*/cells/*.json")):
         folder = path.parent.parent.name
-        if folder != exclude and not folder.startswith("_"):
-            found.setdefault(read_record(path).get("fingerprint"), set()).add(folder)
+        fingerprint = read_record(path).get("fingerprint")
+        if folder != exclude and not folder.startswith("_") and fingerprint is not None:
+            found.setdefault(fingerprint, set()).add(folder)
     return found
 
 
@@ -832,6 +833,9 @@ def main(results, output):
         "above 0.5 and lower where it lies below. A claim that X costs little against Y is about the size of a "
         "difference, which P(X > Y) does not measure: it states a margin m, and why, and is judged by the ratio "
         "IQM(X) / IQM(Y), higher where its interval lies above 1 - m and lower where it lies below. A claim "
+        "that a change helps X beyond what it does for a control (the learning-rate rule: the ring against one "
+        "agent) is judged by the gain ratio (IQM(X) / IQM(Y)) / (IQM(CX) / IQM(CY)), higher where its interval "
+        "lies above 1 and lower where it lies below. A claim "
         "against several arms is **contradicted** if any comparison is lower, **supported** only if every one is "
         "higher, and the data **cannot decide** it otherwise (an interval that holds the line, too few seeds for "
         "an interval, or an arm not run), with the reason. Read together, k comparisons take Bonferroni's "

@@ -12,7 +12,7 @@ of the statistical precipice*), in numpy, because rliable itself pulls arch, sea
 * Gain ratio (IQM(X) / IQM(Y)) / (IQM(CX) / IQM(CY)): X's gain over Y against a control's, CX over
   CY, for a claim that a change helps one layout more than another (an interaction).
 * Intervals: percentile intervals of a stratified bootstrap, runs resampled within each task
-  (and each arm's runs on their own for P(X > Y) and the ratio), as rliable's
+  (and each arm's runs on their own for P(X > Y) and the ratios), as rliable's
   ``get_interval_estimates`` does. Where k comparisons are read together, each takes a
   ``bonferroni(k)`` interval, so that all k cover their truths at once with 95 % or more.
 * Curves: the IQM at each point of a learning curve, one bootstrap draw of whole runs serving

@@ -402,7 +402,7 @@ class Swarm:
     agents to stop, joins them and closes the broker."""
 
     _ctrl_c_handler = None
-    """SIGINT's handler before ``_hold_ctrl_c`` held Ctrl-C; ``close`` puts it back."""
+    """SIGINT's handler before ``_hold_ctrl_c`` held Ctrl-C; ``release_ctrl_c`` puts it back."""
 
     def __init__(self, cfg: SwarmConfig, agent_cfg, run_dir: Path, resume: bool, load: HostLoad, echo):
         self.cfg, self.agent_cfg, self.load = cfg, agent_cfg, load
@@ -569,11 +569,17 @@ class Swarm:
             self._hold_ctrl_c()
 
     def _hold_ctrl_c(self) -> None:
-        """From here the stop is bounded (a kill and a 5 s join an agent, the pipes' drain, the broker's
-        close): a Ctrl-C is only noted. Raised, it cut the stop short with no summary.json. ``close``
-        puts the handler back."""
+        """From here the stop is bounded (a kill and a 5 s join per agent, the pipes' drain, the broker's
+        close, summary.json): a Ctrl-C is only noted. Raised, it cut the stop short with no summary.json.
+        ``release_ctrl_c`` puts the handler back."""
         if self._ctrl_c_handler is None and threading.current_thread() is threading.main_thread():
             self._ctrl_c_handler = signal.signal(signal.SIGINT, self._already_stopping)
+
+    def release_ctrl_c(self) -> None:
+        """SIGINT's own handler back: before the consensus scoring, which a Ctrl-C stops, and when the run ends."""
+        if self._ctrl_c_handler is not None:
+            signal.signal(signal.SIGINT, self._ctrl_c_handler)
+            self._ctrl_c_handler = None
 
     def _already_stopping(self, signum, frame) -> None:
         self.echo("already stopping: the agents' summary is being written")
@@ -595,21 +601,17 @@ class Swarm:
     def close(self, swarm_log) -> None:
         """Stop and join every agent, killing those that do not leave (SIGTERM only stops them again),
         then close the broker. An agent killed here, or gone without a final report, is named failed
-        (summary.json's "failed"), not left out unsaid."""
-        try:
-            self._join_all()
-            self._hold_ctrl_c()
-            self._find_the_dead()
-            self._await_byes()
-            swarm_log.write(self.broker_stats(), force=True)
-            if self.stats_server is not None:
-                self.stats_server.close()
-            if self.broker is not None:
-                self.broker.close()
-        finally:
-            if self._ctrl_c_handler is not None:  # a Ctrl-C stops the consensus scoring again, if it runs
-                signal.signal(signal.SIGINT, self._ctrl_c_handler)
-                self._ctrl_c_handler = None
+        (summary.json's "failed"), not left out unsaid. From the last join on a Ctrl-C is only noted,
+        until ``release_ctrl_c``."""
+        self._join_all()
+        self._hold_ctrl_c()
+        self._find_the_dead()
+        self._await_byes()
+        swarm_log.write(self.broker_stats(), force=True)
+        if self.stats_server is not None:
+            self.stats_server.close()
+        if self.broker is not None:
+            self.broker.close()
 
     def _join_all(self) -> None:
         """Join each agent, waiting ``join_s`` for it (none after a second Ctrl-C), then kill it."""
@@ -619,11 +621,14 @@ class Swarm:
                 continue
             try:
                 p.join(timeout=self.join_s)
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
             except KeyboardInterrupt:
-                self._at_once()
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+                self._at_once()  # holds later Ctrl-Cs: this kill cannot be cut short again
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
 
 
 def run(
@@ -672,21 +677,24 @@ def run(
     members = Swarm(swarm, agent_cfg, run_dir, resume, load, echo)
     timings = Timings(earlier=_number(earlier.get("wall_seconds"), 0.0))
     bar = None
-    with tempfile.TemporaryDirectory(prefix="gossiprl-") as tmp:
-        try:
-            members.start(topo, tmp, listener)
-            bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
-            members.watch(timings, swarm_log, bar)
-        except KeyboardInterrupt:
-            members.interrupted()
-        finally:
-            members.close(swarm_log)
-            if bar is not None:
-                bar(None)
-    summary = _summary(members, timings, _number(earlier.get("mean_return"), math.nan))
-    tmp_path = run_dir / "summary.json.tmp"
-    tmp_path.write_text(json.dumps(_finite(summary), indent=2, default=str, allow_nan=False))
-    os.replace(tmp_path, run_dir / "summary.json")
+    try:
+        with tempfile.TemporaryDirectory(prefix="gossiprl-") as tmp:
+            try:
+                members.start(topo, tmp, listener)
+                bar = _progress_bar(swarm.agents * agent_cfg.total_frames, show_progress)
+                members.watch(timings, swarm_log, bar)
+            except KeyboardInterrupt:
+                members.interrupted()
+            finally:
+                members.close(swarm_log)
+                if bar is not None:
+                    bar(None)
+        summary = _summary(members, timings, _number(earlier.get("mean_return"), math.nan))
+        tmp_path = run_dir / "summary.json.tmp"
+        tmp_path.write_text(json.dumps(_finite(summary), indent=2, default=str, allow_nan=False))
+        os.replace(tmp_path, run_dir / "summary.json")
+    finally:
+        members.release_ctrl_c()
     swarm_log.close(summary)
     return summary
 
@@ -768,6 +776,7 @@ def _consensus_return(members: Swarm) -> float | None:
     "interrupted", so a study stops too (one SIGTERM is all a process gets: later ones are only noted)."""
     from .rl.consensus import evaluate_consensus
 
+    members.release_ctrl_c()
     echo = members.echo
     echo(f"scoring the consensus policy (the mean of the agents' parameters) over {CONSENSUS_EPISODES} episodes")
     try:

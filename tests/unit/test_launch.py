@@ -1,7 +1,6 @@
 """gossiprl/launch.py's own logic, without starting a swarm."""
 
 import multiprocessing
-import os
 import signal
 import threading
 
@@ -190,6 +189,8 @@ def test_a_second_ctrl_c_kills_the_agents_at_once_and_the_run_still_ends_with_it
         swarm.close(Logged())
     except KeyboardInterrupt:
         pytest.fail("the second Ctrl-C escaped the stop: no summary.json")
+    finally:
+        swarm.release_ctrl_c()  # as run() does once summary.json is written
 
     assert swarm.stopped_by == "interrupted" and said[-1].startswith("stopping at once")
     assert [p.waited[0] for p in swarm.procs.values()] == ([30, 0] if in_join else [0, 0])
@@ -197,43 +198,54 @@ def test_a_second_ctrl_c_kills_the_agents_at_once_and_the_run_still_ends_with_it
     assert swarm.failures == {r: "process exited with code -9 without a report" for r in (0, 1)}
 
 
+def press_ctrl_c():
+    """What Python does with a Ctrl-C, at once rather than at its next bytecode: call SIGINT's handler."""
+    signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+
+
 class KilledSlowly(Running):
     """An agent process the user presses Ctrl-C over once more as the launcher kills it."""
 
     def kill(self):
-        os.kill(os.getpid(), signal.SIGINT)
+        press_ctrl_c()
         super().kill()
 
 
 @pytest.mark.parametrize("before", ["after a second Ctrl-C", "in a plain close"])
 def test_a_later_ctrl_c_is_only_noted_once_the_stop_is_bounded(before):
     """A third Ctrl-C, while the launcher killed the agents, drained their pipes or closed the broker,
-    still escaped as "Aborted!" with no summary.json. Once the second Ctrl-C has the agents killed, and
-    in any close once every agent is joined, what is left is bounded: a Ctrl-C is only noted, and
-    SIGINT's own handler is back for the consensus scoring."""
+    still escaped as "Aborted!" with no summary.json; so did a first one that landed while close killed
+    an agent. A Ctrl-C during a kill now stops the rest at once, and from then on, as in any close once
+    every agent is joined, what is left is bounded: a Ctrl-C is only noted until the run gives SIGINT
+    its own handler back (before the consensus scoring, which a Ctrl-C stops, and at the end)."""
     swarm = launch.Swarm.__new__(launch.Swarm)
     said = []
     second = before == "after a second Ctrl-C"
-    swarm.procs = {0: (KilledSlowly if second else Running)(ctrl_c=second), 1: Running()}
+    swarm.procs = {0: KilledSlowly(ctrl_c=second), 1: Running()}
     swarm.reports, swarm.echo = launch._Reports(), said.append
     swarm.summaries, swarm.failures, swarm.stop = {}, {}, threading.Event()
     swarm.cfg, swarm.broker, swarm.stats_server = launch.SwarmConfig(agents=2), None, None
-    swarm.join_s, swarm.stopped_by = (launch.LAUNCHER_JOIN_S if second else 0), "total frames"
+    swarm.join_s, swarm.stopped_by = launch.LAUNCHER_JOIN_S, "total frames"
     handler = signal.getsignal(signal.SIGINT)
 
     class CtrlCAsItLogs(Logged):
         def write(self, *args, **kwargs):
-            os.kill(os.getpid(), signal.SIGINT)
+            press_ctrl_c()
             super().write(*args, **kwargs)
 
     try:
         swarm.close(CtrlCAsItLogs())
+        held = signal.getsignal(signal.SIGINT)
+        swarm.release_ctrl_c()
     except KeyboardInterrupt:
         pytest.fail("a later Ctrl-C escaped the stop: no summary.json")
     finally:
         restored = signal.getsignal(signal.SIGINT)
         signal.signal(signal.SIGINT, handler)
 
-    assert restored is handler
-    assert said.count("already stopping: the agents' summary is being written") == (2 if second else 1)
+    assert held == swarm._already_stopping and restored is handler
+    # the Ctrl-C of the kill that follows "at once", and the one as the swarm log is written
+    assert said.count("already stopping: the agents' summary is being written") == 2
+    assert sum(line.startswith("stopping at once") for line in said) == 1 and swarm.stopped_by == "interrupted"
     assert all(p.exitcode == -9 for p in swarm.procs.values()) and set(swarm.failures) == {0, 1}
+    assert [p.waited[0] for p in swarm.procs.values()] == [launch.LAUNCHER_JOIN_S, 0]

@@ -202,7 +202,7 @@ def test_table1_quick_reuses_swarm_vs_ones_cells_and_runs_only_the_async_ring(re
     # counted by fingerprint in the other studies' dirs (the ordering study's quick async ring has other frames)
     reuse = text.split("3 of 3 cells finished; ")[1].split(")")[0]
     assert reuse.startswith("2 of them are runs other studies hold too (") and "swarm_vs_one" in reuse, reuse
-    assert "(0 read from the shared cell cache, not yet copied into the study's directory)" in text
+    assert "; 0 read from the shared cell cache, not yet copied into the study's directory)" in text
 
 
 @pytest.mark.timeout(200)

@@ -397,6 +397,18 @@ def test_cells_that_record_no_window_are_described_in_wall_clock_but_decide_noth
     )
 
 
+def test_unrecorded_cells_all_resumed_are_said_to_be_resumed_not_of_other_windows(tmp_path):
+    windows = {LAYOUT.better: [(None, 2)] * 5, LAYOUT.than[0]: [None] * 5}
+    arms = layout_arms(tmp_path, {LAYOUT.better: SPREAD, LAYOUT.than[0]: ONE_HOST}, windows)
+    (line,) = claims.claim_lines("layout", arms, BOUNDS, frames_per_agent=False)
+    assert f"not compared ({claims.ALL_RESUMED})" in line and claims.NO_WINDOW not in line
+    assert line.endswith(
+        "**cannot decide** it: no seed has cells of the claim's arm and of another that each ran in one session."
+    )
+    (compared,) = claims.comparison_lines("layout", arms, list(windows), frames_per_agent=False)
+    assert f"at equal wall-clock (10 s of training) not compared ({claims.ALL_RESUMED})" in compared
+
+
 def test_a_claim_arm_with_no_score_by_then_on_the_shared_window_seeds_is_not_run_there(tmp_path):
     """The claim's own arm has scores at T on other seeds, but not on the one seed whose cells share a
     window with the other arm's: not tested there (it raised AttributeError on a missing estimate)."""

@@ -16,4 +16,5 @@ def test_the_wall_clock_panel_says_when_its_arms_ran_under_different_loads():
     assert "different loads" in wall_clock_caveat(resumed)
     old = [row("ring", 1, None), row("none", 1, None)]
     assert "not recorded" in wall_clock_caveat(old)
+    assert "not recorded" in wall_clock_caveat(old + [row("full", 1, None, sessions=2)])
     assert "different loads" in wall_clock_caveat(old + one_window)

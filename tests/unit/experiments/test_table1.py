@@ -75,7 +75,7 @@ def test_table1_section_reads_cells_from_the_shared_cache_and_names_the_missing_
     # IQM of 1..5: the middle three, 3.00; the bootstrap's interval stays within the scores
     assert "| A2C, 1 agent | 1 | 1,000,000 | 5 | 3.00 [" in text
     assert "5 of 25 cells finished; 5 of them are runs other studies hold too (the shared cell cache: the" in text
-    assert "(5 read from the shared cell cache, not yet copied into the study's directory)" in text
+    assert "; 5 read from the shared cell cache, not yet copied into the study's directory)" in text
     assert f"| {table1.GALA} | 4 | 1,000,000 | 0 | not run |" in text
     assert f"{table1.GALA} seed(s) 1, 2, 3, 4, 5" in text and f"They run with `{table1.COMMAND}`" in text
     assert "| AC(λ), published" in text and "about 9-10" in text and "| untrained policy |" in text
