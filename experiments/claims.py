@@ -189,6 +189,16 @@ agent), and every pair of lr_sweep's rates for one agent and for the ring, and t
 agent at each rate."""
 
 
+EXTRA_GAINS = {
+    "lr_sweep": [
+        ("ring of 4, lr 2.8e-3", "ring of 4, lr 7e-4", "1 agent, lr 2.8e-3", "1 agent, lr 7e-4"),
+        ("ring of 4, lr 2.8e-3", "ring of 4, lr 1.4e-3", "1 agent, lr 2.8e-3", "1 agent, lr 1.4e-3"),
+    ],
+}
+"""Gain ratios (X / Y) / (CX / CY) a study reports beside its claim's, per frame, uncorrected: lr_sweep's
+at 4x the rate, the linear scaling rule's setting for a 4x batch (Goyal et al. 2017), against 1x and 2x."""
+
+
 @dataclass(frozen=True)
 class EqualTotal:
     total: str
@@ -367,6 +377,26 @@ def comparison_lines(
                 reading = (judge(estimate) if read else UNRECORDED) + window_text(arms, x, y, seeds)
                 parts.append(f"{axis_text(axis, arms, frames_per_agent)} {interval_text(estimate)} ({reading})")
         lines.append(f"- P({x} > {y}): {'; '.join(parts)}.")
+    return lines + gain_lines(name, arms, stale)
+
+
+ABOUT_ONE = {"higher": "above 1", "lower": "below 1", "cannot tell apart": "holds 1"}
+
+
+def gain_lines(name: str, arms: Arms, stale: tuple[str, ...] = ()) -> list[str]:
+    """``EXTRA_GAINS``' ratios at equal frames per agent, with 95 % intervals and no verdict, where all four
+    arms have cells of today's plan."""
+    lines = []
+    for x, y, cx, cy in EXTRA_GAINS.get(name, []):
+        if any(not arms.seeds(s) or s in stale for s in (x, y, cx, cy)):
+            continue
+        estimate = arms.gain_ratio(x, y, cx, cy, "frames")
+        if estimate is None:
+            shown = "no ratio: an arm has a score of 0 or less"
+        else:
+            reading = judge(estimate, 1.0)
+            shown = f"{interval_text(estimate)} ({ABOUT_ONE.get(reading, reading)})"
+        lines.append(f"- Gain ratio ({x} / {y}) / ({cx} / {cy}) at equal frames per agent: {shown}.")
     return lines
 
 

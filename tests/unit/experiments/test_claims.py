@@ -85,6 +85,24 @@ def test_the_lr_rule_is_judged_by_the_rings_gain_beyond_one_agents(one_gain, rin
     assert f"gain ratio ({LR.better} / {LR.than[0]}) / ({LR.control[0]} / {LR.control[1]}) = " in line
 
 
+def test_lr_sweeps_gain_ratios_at_4x_are_listed_beside_its_claim_without_a_verdict():
+    spread = [0.97, 1.0, 1.03, 0.99, 1.01]
+    base = {"1 agent": 6.0, "ring of 4": 6.5}
+    gain = {("1 agent", "lr 7e-4"): 1.0, ("1 agent", "lr 1.4e-3"): 1.5, ("1 agent", "lr 2.8e-3"): 2.0}
+    gain |= {("ring of 4", "lr 7e-4"): 1.0, ("ring of 4", "lr 1.4e-3"): 1.5, ("ring of 4", "lr 2.8e-3"): 3.0}
+    scores = {
+        f"{layout}, {rate}": [[base[layout] * g * k] * (4 if layout == "ring of 4" else 1) for k in spread]
+        for (layout, rate), g in gain.items()
+    }
+    arms = claims.Arms(None, rows(scores))
+    lines = claims.gain_lines("lr_sweep", arms)  # comparison_lines ends with these
+    four = "- Gain ratio (ring of 4, lr 2.8e-3 / ring of 4, lr 7e-4) / (1 agent, lr 2.8e-3 / 1 agent, lr 7e-4)"
+    (line,) = [x for x in lines if x.startswith(four)]
+    assert "at equal frames per agent: 1.50 [" in line and line.endswith("(above 1).")  # the ring 3x, one agent 2x
+    assert sum(x.startswith("- Gain ratio") for x in lines) == 2
+    assert claims.gain_lines("lr_sweep", arms, stale=("ring of 4, lr 2.8e-3",)) == []
+
+
 def test_too_few_seeds_or_a_missing_arm_decide_nothing():
     assert "fewer than 3 seeds" in verdict({ONE: [[5.8], [6.0]], RING: [[7.0, 7.1, 7.2, 7.3]] * 2})
     assert "Not tested here: no finished cell of ring of 4" in verdict({ONE: [[5.8], [6.0], [6.2]]})
