@@ -103,6 +103,17 @@ CLAIMS = {
         "the control (the rule predicts no gain for it), so a rate that helps both alike is no evidence for it",
         control=("1 agent, lr 1.4e-3", "1 agent, lr 7e-4"),
     ),
+    "lr_confirm": Claim(
+        "this project's own hypothesis, from a comparison listed beside the learning-rate sweep's claim, fixed "
+        "before these seeds ran",
+        "at 4x A2C's Atari rate (2.8e-3), gossiping A2C agents in a ring of 4 learn more per agent step than one "
+        "A2C agent",
+        "ring of 4, lr 2.8e-3",
+        ("1 agent, lr 2.8e-3",),
+        "frames",
+        "per agent step is equal frames per agent, the papers' axis; on seeds 6-10, which the sweep that "
+        "suggested it did not use",
+    ),
     "learners": Claim(
         "PALA Table 1 (PALA-A2C against A2C); for PPO and IMPALA this project's own question",
         "a ring of 4 learns at least as much per agent step as one agent of the same learner",

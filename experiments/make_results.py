@@ -53,6 +53,8 @@ STUDIES = [
     "swarm_vs_one_spaceinvaders",
     "lr_sweep",
     "lr_sweep_spaceinvaders",
+    "lr_confirm",
+    "lr_confirm_spaceinvaders",
     "learners",
     "ordering_ablation",
     "ordering_ablation_spaceinvaders",
@@ -148,13 +150,12 @@ def study_section(folder: str, results: Path) -> list[str]:
     second game's run of a study has a dir of its own)."""
     out = results / folder
     if not (out / "study.json").exists():
-        if folder.endswith("_spaceinvaders"):
-            name = folder.removesuffix("_spaceinvaders")
-            study = importlib.import_module(f"experiments.{name}").STUDY
-            command = f"python -m experiments.{name} --env {SECOND_GAME} --out experiments/results/{folder}"
-            title = f"## {study.title}: {SECOND_GAME}"
-            return [title, "", f"**Not run** yet: `{command}` (experiments/run_all.sh).", ""]
-        return [f"## {folder}", "", "**Not run**: no results in this checkout.", ""]
+        name = folder.removesuffix("_spaceinvaders")
+        study = importlib.import_module(f"experiments.{name}").STUDY
+        game = f" --env {SECOND_GAME}" if name != folder else ""
+        command = f"python -m experiments.{name}{game} --out experiments/results/{folder}"
+        title = f"## {study.title}" + (f": {SECOND_GAME}" if name != folder else "")
+        return [title, "", f"**Not run** yet: `{command}` (experiments/run_all.sh).", ""]
     meta = json.loads((out / "study.json").read_text())
     name = meta.get("study", folder)
     module = importlib.import_module(f"experiments.{name}")

@@ -29,6 +29,9 @@ run swarm_vs_one --env MinAtar/SpaceInvaders-v1 --frames 1000000 --seeds 1,2,3,4
 run lr_sweep --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/lr_sweep
 run lr_sweep --env MinAtar/SpaceInvaders-v1 --frames 1000000 --seeds 1,2,3,4,5 \
     --out experiments/results/lr_sweep_spaceinvaders
+# The sweep's ring-above-one-agent at 4x the rate, tested on seeds 6-10 (25 M frames a game)
+run lr_confirm --frames 1000000 --out experiments/results/lr_confirm
+run lr_confirm --env MinAtar/SpaceInvaders-v1 --frames 1000000 --out experiments/results/lr_confirm_spaceinvaders
 run baselines --out experiments/results/baselines
 run baselines --env MinAtar/SpaceInvaders-v1 --out experiments/results/baselines-spaceinvaders
 run learners --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/learners

@@ -71,6 +71,8 @@ class Study:
     """In --quick, keep only the first this many settings (the suite runs every study's --quick)."""
     frames_per_agent: bool = False
     """--frames is each agent's budget (a swarm of n trains n times as many), not the whole swarm's."""
+    real_seeds: str = "1,2,3,4,5"
+    """The seeds a real run plans by default: a confirmation study's are ones no other study ran."""
 
 
 def command(study: Study) -> click.Command:
@@ -79,7 +81,7 @@ def command(study: Study) -> click.Command:
     @click.option(
         "--seeds",
         default=None,
-        help="Comma-separated seeds [default: 1,2,3,4,5; --quick: 1,2; in an existing --out, the seeds it "
+        help=f"Comma-separated seeds [default: {study.real_seeds}; --quick: 1,2; in an existing --out, the seeds it "
         "plans]. Given for an existing --out, they run now and join its plan, which only grows.",
     )
     @click.option(
@@ -137,7 +139,7 @@ def command(study: Study) -> click.Command:
             threshold = env_spec(env_id)
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--env") from None
-        asked = parse_seeds(seeds, "1,2" if quick else "1,2,3,4,5")
+        asked = parse_seeds(seeds, "1,2" if quick else study.real_seeds)
         frames = frames or (study.quick_frames if quick else study.real_frames)
         out = out or fresh_out(study.name, quick, create=not plan)
         planned, seed_list = window_seeds(out, study.name, env_id, frames, quick, asked, given=seeds is not None)

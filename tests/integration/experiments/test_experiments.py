@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from experiments import (
     batch_period,
     layout,
+    lr_confirm,
     lr_sweep,
     make_results,
     ordering_ablation,
@@ -145,6 +146,8 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
     # a cell is named by its rate: the sweep's 7e-4 agent is swarm_vs_one's default one on CartPole
     sweep = run_quick(lr_sweep, results / "lr_sweep")
     assert [line.endswith("reused)") for line in sweep.splitlines() if ", seed 1: " in line] == [True, False], sweep
+    confirm = run_quick(lr_confirm, results / "lr_confirm")
+    assert confirm.count(" frames in ") == 2, confirm  # its 2.8e-3 arms: none of them in the sweep's quick
 
     output = results / "RESULTS.md"
     result = CliRunner().invoke(
@@ -160,6 +163,7 @@ def test_other_studies_quick_reuse_shared_cells_and_results_md_is_generated(resu
         "Layout: one host vs network-namespace hosts",
         "A ring of 4 against one agent",
         "A2C's learning rate on MinAtar",
+        lr_confirm.STUDY.title,
     ):
         assert f"## {title}" in text
     assert "frames for each agent (a ring of 4 trains 4x as many in all)" in text

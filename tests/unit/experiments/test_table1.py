@@ -40,6 +40,21 @@ def test_every_arm_another_study_runs_has_that_studys_fingerprint(quick, frames,
     assert not {mine[table1.GALA, s] for s in seeds} & every_other
 
 
+def test_lr_confirm_runs_the_sweeps_4x_arms_on_seeds_no_other_study_runs():
+    """A confirmation on the seeds whose comparison suggested it would test nothing: its default seeds
+    are 6-10; on a seed both plan, its cells are the sweep's (the same runs, run once)."""
+    from experiments import claims, lr_confirm, lr_sweep
+    from experiments.study import Study
+
+    assert lr_confirm.STUDY.real_seeds == "6,7,8,9,10" and Study.real_seeds == "1,2,3,4,5"
+    claim = claims.CLAIMS["lr_confirm"]
+    assert {claim.better, *claim.than} == set(lr_confirm.SETTINGS) <= set(lr_sweep.SETTINGS)
+    mine = fingerprints(lr_confirm, False, 1_000_000, [6, 1], REAL_ENV, 10)
+    theirs = fingerprints(lr_sweep, False, 1_000_000, [1], REAL_ENV, 10)
+    assert all(mine[s, 1] == theirs[s, 1] for s in lr_confirm.SETTINGS)
+    assert not {mine[s, 6] for s in lr_confirm.SETTINGS} & set(theirs.values())
+
+
 def test_the_learners_a2c_arms_are_swarm_vs_ones_cells():
     """learners' A2C cells named the default learner ({"algo": "a2c"}), so their fingerprint was
     another than swarm_vs_one's identical runs, and each ran twice (about 20 minutes a cell)."""
