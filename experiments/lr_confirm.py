@@ -18,26 +18,16 @@ alone (experiments/claims.py).
 
 from __future__ import annotations
 
-from experiments.common import Cell
+from experiments import lr_sweep
 from experiments.study import Study, command
-from gossiprl.launch import SwarmConfig
-from gossiprl.rl.a2c import ATARI_LR
-from gossiprl.rl.settings import A2CConfig
 
-RATE = 4 * ATARI_LR
-SETTINGS = {"1 agent, lr 2.8e-3": 1, "ring of 4, lr 2.8e-3": 4}
-"""setting: agents. The names are lr_sweep's, so a cell of a seed both studies plan is run once."""
+SETTINGS = ("1 agent, lr 2.8e-3", "ring of 4, lr 2.8e-3")
+"""lr_sweep's 4x arms, built by lr_sweep: on a seed both plan, a cell is the sweep's, run once."""
 
 
-def build(quick: bool, frames_per_agent: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:
-    cells = []
-    for setting, agents in SETTINGS.items():
-        swarm = SwarmConfig(agents=agents, topology="ring" if agents > 1 else None)
-        cells += [
-            Cell(setting, seed, agents, frames_per_agent * agents, swarm, a2c=A2CConfig(lr=RATE), labels={"lr": RATE})
-            for seed in seeds
-        ]
-    return cells, list(SETTINGS)
+def build(quick: bool, frames_per_agent: int, seeds: list[int]):
+    cells, _ = lr_sweep.build(quick, frames_per_agent, seeds)
+    return [c for c in cells if c.setting in SETTINGS], list(SETTINGS)
 
 
 STUDY = Study(
