@@ -7,6 +7,7 @@ each command takes. Two options are written by hand: the group's ``-v``, and ``-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -844,31 +845,31 @@ def agent(ctx, config_file, **_):
         f"agent-{rank} -> broker {client.connect}; run dir {run_dir}"
         + (f"; stops at mean return {target:g} (its own last 100 episodes)" if target is not None else "")
     )
-    stop, received = _stop_on_signals()
-    try:
-        summary = launch.run_agent(
-            client.connect,
-            rank,
-            cfg,
-            run_dir,
-            resume=where.resume,
-            codec=values["codec"],
-            gossip_timeout=values["gossip_timeout"],
-            stop=stop,
-            connect_timeout=client.connect_timeout,
-            echo=click.echo,
-            curve=client.curve,
-            progress_every=own.progress_every,
-            size_from_swarm=per_host is None,
-        )
-    except (launch.RunError, FileNotFoundError, CheckpointError) as err:
-        if received:  # stopped while waiting for the broker: say so, and exit as interrupted
-            click.echo(str(err), err=True)
+    with _stop_on_signals() as (stop, received):
+        try:
+            summary = launch.run_agent(
+                client.connect,
+                rank,
+                cfg,
+                run_dir,
+                resume=where.resume,
+                codec=values["codec"],
+                gossip_timeout=values["gossip_timeout"],
+                stop=stop,
+                connect_timeout=client.connect_timeout,
+                echo=click.echo,
+                curve=client.curve,
+                progress_every=own.progress_every,
+                size_from_swarm=per_host is None,
+            )
+        except (launch.RunError, FileNotFoundError, CheckpointError) as err:
+            if received:  # stopped while waiting for the broker: say so, and exit as interrupted
+                click.echo(str(err), err=True)
+                sys.exit(interrupted_status(received[0]))
+            raise click.ClickException(str(err)) from None
+        _agent_done(rank, summary)
+        if received:
             sys.exit(interrupted_status(received[0]))
-        raise click.ClickException(str(err)) from None
-    _agent_done(rank, summary)
-    if received:
-        sys.exit(interrupted_status(received[0]))
 
 
 ACTOR_SETTINGS = config.Settings(
@@ -908,28 +909,28 @@ def actor(ctx, **_):
     if (where.curve_secret is None) != (where.curve_learner is None):
         raise click.UsageError("--curve-secret and --curve-learner go together (this actor's key and the learner's)")
     curve = (where.curve_secret, where.curve_learner) if where.curve_secret else None
-    stop, received = _stop_on_signals()
-    click.echo(f"actor -> learner {where.connect}, playing {cfg.env_id}")
-    try:
-        unrolls, said = run_actor(
-            where.connect,
-            cfg.env_id,
-            cfg.sticky_actions,
-            env_threads=cfg.torch_threads or host_cores(),
-            stop=stop,
-            curve=curve,
-            torch_threads=cfg.torch_threads or 1,
-        )
-    except (LearnerGone, ValueError, OSError) as err:
-        if received:  # a signal while it joined or waited: the signal's status, as for any stop
+    with _stop_on_signals() as (stop, received):
+        click.echo(f"actor -> learner {where.connect}, playing {cfg.env_id}")
+        try:
+            unrolls, said = run_actor(
+                where.connect,
+                cfg.env_id,
+                cfg.sticky_actions,
+                env_threads=cfg.torch_threads or host_cores(),
+                stop=stop,
+                curve=curve,
+                torch_threads=cfg.torch_threads or 1,
+            )
+        except (LearnerGone, ValueError, OSError) as err:
+            if received:  # a signal while it joined or waited: the signal's status, as for any stop
+                sys.exit(interrupted_status(received[0]))
+            if isinstance(err, LearnerLost):
+                click.echo(f"actor lost its learner: {err}", err=True)
+                sys.exit(DROPPED_STATUS)
+            raise click.ClickException(str(err)) from None
+        click.echo(f"actor done: {unrolls:,} unrolls sent" + (f"; its learner said: {said}" if said else ""))
+        if received:
             sys.exit(interrupted_status(received[0]))
-        if isinstance(err, LearnerLost):
-            click.echo(f"actor lost its learner: {err}", err=True)
-            sys.exit(DROPPED_STATUS)
-        raise click.ClickException(str(err)) from None
-    click.echo(f"actor done: {unrolls:,} unrolls sent" + (f"; its learner said: {said}" if said else ""))
-    if received:
-        sys.exit(interrupted_status(received[0]))
     if said not in (None, LEARNER_DONE):  # dropped, and told so when it spoke again: start it again
         sys.exit(DROPPED_STATUS)
 
@@ -947,9 +948,12 @@ def _check_agent_keys(client: ClientConfig) -> None:
             raise click.ClickException(str(err)) from None
 
 
-def _stop_on_signals() -> tuple[threading.Event, list[int]]:
+@contextlib.contextmanager
+def _stop_on_signals():
     """SIGTERM (scancel) or Ctrl-C: set the event (the agent finishes its update, checkpoints and
-    leaves) and note the signal, for the exit status."""
+    leaves) and note the signal, for the exit status; yields (the event, the signals). The handlers
+    before it are back when the command ends: run in-process (CliRunner, a test), it left Ctrl-C
+    swallowed for whatever ran next."""
     stop = threading.Event()
     received: list[int] = []
 
@@ -957,9 +961,12 @@ def _stop_on_signals() -> tuple[threading.Event, list[int]]:
         received.append(signum)
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
-    return stop, received
+    before = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop, received
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _agent_done(rank: int, summary: dict) -> None:

@@ -4,6 +4,7 @@ The commands are invoked for real, with launch.run / launch.run_agent replaced b
 that keeps the configs they were handed and stops there, so nothing trains."""
 
 import json
+import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -158,8 +159,11 @@ def test_a_runs_config_json_sets_values(tmp_path, recorded):
     assert (swarm.agents, swarm.topology, swarm.total_frames, swarm.codec) == (3, "full", 6000, "bf16")
     assert cfg.seed == 5 and cfg.a2c.num_envs == 8
     # an agent of a multi-host swarm takes its own part of the same record: its budget, and the codec
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     result = invoke("agent", "--connect", "tcp://127.0.0.1:9", "--rank", 0, "--config", path, "--run-dir", tmp_path)
     assert result.exit_code == 1 and "recorded" in result.output, result.output
+    # and gives back the signal handlers it set: in-process, they swallowed Ctrl-C for whatever ran next
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
     (_, _, agent_cfg, _), kw = recorded[1]
     assert agent_cfg.total_frames == 2000 and agent_cfg.a2c.num_envs == 8 and kw["codec"] == "bf16"
 
