@@ -71,8 +71,8 @@ LR_SWEEP_NOTE = (
     "**Per-second comparisons here are void.** One agent's 2.8e-3 cells and SpaceInvaders' ring at 1.4e-3 ran "
     "on 2026-11-27 two studies at a time, beside test runs, on 2 cores; the 7e-4 and 1.4e-3 cells are "
     "swarm_vs_one's runs, read from the shared cache, made in other windows of load; the ring's 2.8e-3 cells "
-    "ran on 2026-11-28 in a window of their own, with the machine mostly to themselves (16,000-21,000 frames/s "
-    "on Breakout against 4,000-6,300 for the older rings). Per frame every cell stands."
+    "ran on 2026-11-28 in a window of their own, with the machine mostly to themselves (14,000-21,000 frames/s "
+    "a cell on Breakout against 2,700-8,000 for the older rings). Per frame every cell stands."
 )
 
 ORDERING_NOTE = (

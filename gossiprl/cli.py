@@ -965,8 +965,8 @@ def _stop_on_signals():
     try:
         yield stop, received
     finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+        for sig, handler in before.items():  # None: set outside Python, which Python cannot set back
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def _agent_done(rank: int, summary: dict) -> None:
