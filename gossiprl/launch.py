@@ -621,14 +621,16 @@ class Swarm:
                 continue
             try:
                 p.join(timeout=self.join_s)
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
+                _kill_if_alive(p)
             except KeyboardInterrupt:
                 self._at_once()  # holds later Ctrl-Cs: this kill cannot be cut short again
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
+                _kill_if_alive(p)
+
+
+def _kill_if_alive(p: mp.Process) -> None:
+    if p.is_alive():
+        p.kill()
+        p.join(5)
 
 
 def run(
