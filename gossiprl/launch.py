@@ -12,6 +12,7 @@ around it. Children are joined in ``finally``: no orphans.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -475,10 +476,7 @@ class Swarm:
         while not self.finished:
             if self.cfg.max_seconds is not None and timings.session() > self.cfg.max_seconds:
                 self._stop(f"time limit of {self.cfg.max_seconds:g}s")
-            try:
-                self._record(*self.reports.get(timeout=0.5))
-            except queue.Empty:
-                pass
+            self._take_report()
             self._notice_failures()
 
     def _stop(self, why: str) -> None:
@@ -497,6 +495,17 @@ class Swarm:
             "mean_return": progress.mean_return,
         }
         self._stop(f"solved: mean return {progress.mean_return:.1f} >= {target}")
+
+    def _take_report(self, timeout: float = 0.5) -> None:
+        """Record the next report, if one comes within ``timeout``. A Ctrl-C or SIGTERM meanwhile is held
+        until it is recorded (at most the timeout and the record): raised between the take and the
+        record, it lost the report, and an agent that had finished was named failed."""
+        with _signals_held():
+            try:
+                report = self.reports.get(timeout=timeout)
+            except queue.Empty:
+                return
+            self._record(*report)
 
     def _record(self, kind: str, rank: int, payload) -> None:
         """One report, whichever way it was read (``watch``, a dead agent's pipe drained, the wait after
@@ -551,10 +560,7 @@ class Swarm:
         deadline = time.monotonic() + timeout
         try:
             while not self.finished and time.monotonic() < deadline:
-                try:
-                    self._record(*self.reports.get(timeout=0.5))
-                except queue.Empty:
-                    pass
+                self._take_report()
                 self._find_the_dead()
         except KeyboardInterrupt:
             self._at_once()
@@ -627,6 +633,28 @@ class Swarm:
                 _kill_if_alive(p)
 
 
+@contextlib.contextmanager
+def _signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
+    """Note SIGINT and SIGTERM rather than act on them, then raise each noted signal again, to the
+    handler it would have reached (Ctrl-C's KeyboardInterrupt, ``cli.stop_on_sigterm``'s, or the
+    default's exit). Signals reach Python's main thread only; a handler set outside Python is left."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    held = {sig: signal.getsignal(sig) for sig in signums}
+    held = {sig: handler for sig, handler in held.items() if handler is not None}
+    for sig in held:
+        signal.signal(sig, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        for sig in noted:
+            signal.raise_signal(sig)
+
+
 def _kill_if_alive(p: mp.Process) -> None:
     if p.is_alive():
         p.kill()
@@ -669,7 +697,7 @@ def run(
     prepare_run_dir(
         run_dir,
         resume,
-        {"swarm": asdict(swarm), "agent": asdict(agent_cfg), "topology": topo.to_dict() if topo else None},
+        {"swarm": asdict(swarm), "agent": asdict(resolved(agent_cfg)), "topology": topo.to_dict() if topo else None},
     )
     if resume and not any((run_dir / f"agent-{r}" / "checkpoint.pt").exists() for r in range(swarm.agents)):
         # Each agent would wait to adopt its neighbours' parameters, and none has any: a deadlock.

@@ -198,6 +198,46 @@ def test_a_second_ctrl_c_kills_the_agents_at_once_and_the_run_still_ends_with_it
     assert swarm.failures == {r: "process exited with code -9 without a report" for r in (0, 1)}
 
 
+class SignalAsItIsTaken:
+    """An agent's final report, taken off its pipe just as a Ctrl-C or SIGTERM comes."""
+
+    def __init__(self, signum):
+        self.signum = signum
+
+    def get(self, timeout):
+        signal.raise_signal(self.signum)
+        return ("done", 0, {"frames": 100})
+
+    def left_by(self, rank):
+        return []
+
+
+def _stop_as_the_cli_does(signum, frame):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_as_a_final_report_is_taken_waits_until_it_is_recorded(signum):
+    """A Ctrl-C, or a SIGTERM that `gossiprl run` turns into one, that landed between taking an agent's
+    "done" report off its pipe and recording it lost the report, and the agent that had finished was
+    named failed. The signal now waits until the report is recorded, then stops the run as before."""
+    swarm = launch.Swarm.__new__(launch.Swarm)
+    swarm.reports, swarm.summaries, swarm.failures = SignalAsItIsTaken(signum), {}, {}
+    swarm._followers = None
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, _stop_as_the_cli_does)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            swarm._take_report()
+        after = {sig: signal.getsignal(sig) for sig in handlers}
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert swarm.summaries == {0: {"frames": 100}} and swarm.failures == {}
+    assert after == {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _stop_as_the_cli_does}
+
+
 def press_ctrl_c():
     """What Python does with a Ctrl-C, at once rather than at its next bytecode: call SIGINT's handler."""
     signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
