@@ -14,7 +14,7 @@ What matches gossiprl's single agent (``gossiprl run --agents 1``):
   both use separate 64-64 tanh MLPs for policy and value (SB3's default, gossiprl's MLPActorCritic);
 * A2C: gossiprl's defaults for the env, read from ``gossiprl.rl.a2c.resolve_defaults``, at A2C's
   Atari rate: 16 envs x 5 steps, RMSProp lr 7e-4 (SB3's own default; gossiprl's MinAtar default is
-  1.4e-3 since 2026-11-27, and its one agent at 7e-4 is the arm set beside) alpha 0.99
+  2.8e-3, the studies' rate 1.4e-3, and its one agent at 7e-4 is the arm set beside) alpha 0.99
   eps 1e-5, gamma 0.99, n-step returns bootstrapped from V (SB3's GAE with lambda 1), entropy 0.01
   on MinAtar (0 on control tasks), value coef 0.5, global gradient clip 0.5, advantages not
   normalised; episodes cut by a time limit bootstrap from V(final obs) in both;

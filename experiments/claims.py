@@ -81,7 +81,8 @@ CLAIMS = {
         "ring of 4, entropy 0.01, shared init, blocking",
         ("1 agent, entropy 0.01",),
         "frames",
-        "per agent step is equal frames per agent; the ring is `gossiprl run`'s defaults, the agent its control",
+        "per agent step is equal frames per agent; the ring is `gossiprl run`'s defaults of its day (lr 1.4e-3), the "
+        "agent its control",
     ),
     "swarm_vs_one": Claim(
         "GALA and PALA (PALA Fig. 6, Table 1)",

@@ -46,6 +46,7 @@ from gossiprl.rl.agent import AgentConfig, CheckpointError, load_checkpoint
 from gossiprl.rl.consensus import evaluate_consensus
 from gossiprl.rl.envs import is_minatar
 from gossiprl.rl.learners import LEARNERS
+from gossiprl.rl.settings import PREVIOUS_MINATAR_LR
 
 QUICK_ENV = "CartPole-v1"
 REAL_ENV = "MinAtar/Breakout-v1"
@@ -53,6 +54,12 @@ CURVE_ROWS = 40
 """Rows of metrics.csv per agent: enough points for a curve, few enough to keep results small."""
 CHECKPOINTS = 10
 """Checkpoints each agent of a cell writes over its budget: what a study stopped mid-cell goes on from."""
+
+STUDY_MINATAR_LR = PREVIOUS_MINATAR_LR
+"""The A2C rate a study's cell runs at on MinAtar when it names none: 1.4e-3, MinAtar's default when
+the studies were planned and their cells run. A study compares its arms at one rate, so the default's
+move to 2.8e-3 (where lr_confirm found a ring of 4 ahead of one agent) leaves their cells as they
+are; lr_sweep and lr_confirm name their rates."""
 
 LOOP_VERSION = 4
 """The agent loop's defaults cells were run under: 2 since the MinAtar entropy bonus, the shared
@@ -305,9 +312,17 @@ def cell_fingerprint(cell: Cell, env_id: str, eval_episodes: int) -> str:
     return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def cell_a2c(cell: Cell, env_id: str) -> A2CConfig:
+    """The A2C settings a cell runs with: its own, at ``STUDY_MINATAR_LR`` on MinAtar where it names
+    no rate."""
+    if cell.a2c.lr is None and is_minatar(env_id) and cell.agent.get("algo", "a2c") == "a2c":
+        return replace(cell.a2c, lr=STUDY_MINATAR_LR)
+    return cell.a2c
+
+
 def learner_settings(cell: Cell, env_id: str):
     """The settings the cell's learner trains with on ``env_id``, its env-dependent defaults filled in."""
-    cfg = AgentConfig(env_id=env_id, a2c=cell.a2c, **cell.agent)
+    cfg = AgentConfig(env_id=env_id, a2c=cell_a2c(cell, env_id), **cell.agent)
     return LEARNERS[cfg.algo].resolve_defaults(getattr(cfg, cfg.algo), env_id)
 
 
@@ -317,7 +332,7 @@ def a2c_rate(cell: Cell, env_id: str) -> float:
     for its rate. Another learner's cell ignores A2C's settings and keeps the 7e-4 it was named with."""
     if cell.agent.get("algo", "a2c") != "a2c":
         return ATARI_LR if cell.a2c.lr is None else cell.a2c.lr
-    return resolve_defaults(cell.a2c, env_id).lr
+    return resolve_defaults(cell_a2c(cell, env_id), env_id).lr
 
 
 def read_record(path: Path) -> dict:
@@ -448,7 +463,7 @@ def run_cell(
         env_id=env_id,
         seed=cell.seed,
         total_frames=per_agent,
-        a2c=cell.a2c,
+        a2c=cell_a2c(cell, env_id),
         gossip_every=cell.gossip_every,
         checkpoint_every=10**9,  # set below, from the updates the budget allows
         agents_per_host=cell.agents,

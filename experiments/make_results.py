@@ -110,7 +110,8 @@ NOTES = {
     "ring's seed 1 each agent skipped 3-11 of its 12,500 gossip rounds while a benchmark starved the job for "
     "a few seconds (`gossip/skipped` in its metrics). They ran before robust mixing capped the cumulative "
     "drift of what mixing does to an agent; the cap changes a mix only when it cuts (`gossip/clipped`), which "
-    "no honest run measured so far has done. The default arms (lr 1.4e-3, MinAtar's default since 2026-11-27) ran "
+    "no honest run measured so far has done. The default arms (lr 1.4e-3, MinAtar's default from 2026-11-27 "
+    "until lr_confirm's result moved it to 2.8e-3; the studies keep it) ran "
     "that day, with the cap, as lr x2 arms of this study and of experiments.lr_sweep, while other studies ran "
     "beside them at the same nice level: their wall-clock and frames/s are not comparable with the 7e-4 arms'; "
     "per frame they are.",
@@ -620,7 +621,8 @@ def table1_section(results: Path) -> list[str]:
         "network played as final policies are (experiments/untrained.py). These intervals are each arm's own; "
         "whether two overlap is not a comparison (below, and the swarm_vs_one and learners sections, compare arms by "
         "P(X > Y)). "
-        "Rates: gossiprl's A2C rows run at its default for the env (1.4e-3 on MinAtar, 7e-4 elsewhere), SB3's A2C "
+        "Rates: gossiprl's A2C rows run at the studies' rate (1.4e-3 on MinAtar, its default when they ran; 7e-4 "
+        "elsewhere), SB3's A2C "
         "at 7e-4; the reference section compares SB3's A2C with gossiprl's one agent at 7e-4.",
         "",
     ]

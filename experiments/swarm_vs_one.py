@@ -1,6 +1,8 @@
-"""One agent against a ring of 4 with `gossiprl run`'s defaults, at equal frames per agent.
+"""One agent against a ring of 4 with `gossiprl run`'s defaults as they were planned, at equal frames per agent.
 
-The check experiments/swarm_learning's diagnosis leads to: with the defaults as they are now, does
+The check experiments/swarm_learning's diagnosis leads to: with the defaults as they were then (on
+MinAtar lr 1.4e-3, the studies' rate, ``common.STUDY_MINATAR_LR``; the default is 2.8e-3 since
+experiments.lr_confirm), does
 each agent of a ring of 4 learn at least as much per frame as one agent alone? ``--frames`` is per
 agent (the ring trains 4x as many in all), and a third arm gives one agent the ring's total.
 Scores are each agent's own last-100 mean; summary.csv has their mean with a Student-t interval
@@ -55,7 +57,8 @@ def build(quick: bool, frames_per_agent: int, seeds: list[int]) -> tuple[list[Ce
 STUDY = Study(
     "swarm_vs_one",
     "A ring of 4 against one agent",
-    "with gossiprl run's defaults, does each agent of a ring of 4 learn at least as much per frame as one agent? "
+    "with gossiprl run's defaults of 2026-11-27 (lr 1.4e-3 on MinAtar), does each agent of a ring of 4 learn at "
+    "least as much per frame as one agent? "
     "And at A2C's Atari rate, the default before MinAtar got its own?",
     build,
     real_frames=1_000_000,

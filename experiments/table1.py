@@ -4,7 +4,7 @@ PALA's Table 1 sets each method's score at a fixed budget of frames side by side
 agent gets ``--frames`` (a ring of 4 trains 4x as many in all), and the arms are:
 
 * ``A2C, 1 agent`` and ``PALA-A2C, sync ring of 4``: swarm_vs_one's "1 agent" and "ring of 4",
-  `gossiprl run`'s defaults (the ring: PALA's turn locks, blocking gossip);
+  `gossiprl run`'s defaults when they ran (the ring: PALA's turn locks, blocking gossip);
 * ``GALA-A2C, async ring of 4``: the same ring in async mode, which is GALA's gossip buffer
   (facebookresearch/gala ``GossipBuffer``): a writer skips an out-peer whose last letter is
   still unread, a reader mixes in what is there and trains on otherwise. Its staleness is left
@@ -12,9 +12,9 @@ agent gets ``--frames`` (a ring of 4 trains 4x as many in all), and the arms are
   stays on the learner's thread (no ``gossip_overlap``): GALA's learner writes and aggregates
   in its own loop, and its non-blocking is the skipping, which async mode does; the overlap
   would also add a round of delay and scale the learning rate, so the arm would differ from
-  PALA-A2C in more than the ordering. The learning rate is A2C's default in every A2C arm:
-  on MinAtar 1.4e-3, the rate GALA's README gives 4 learners on Atari, for one agent and swarms
-  alike (docs/swarm-learning.md);
+  PALA-A2C in more than the ordering. The learning rate is the studies' in every A2C arm:
+  on MinAtar 1.4e-3 (the default when they ran; ``common.STUDY_MINATAR_LR``), the rate GALA's README
+  gives 4 learners on Atari, for one agent and swarms alike (docs/swarm-learning.md);
 * ``PPO, 1 agent`` and ``IMPALA, 1 agent``: experiments/learners' cells of the same names.
 
 Every cell but GALA-A2C's is taken from the study it belongs to (``build`` calls theirs and

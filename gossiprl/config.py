@@ -43,7 +43,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from .rl.settings import ATARI_LR, LEARNERS
+from .rl.settings import ATARI_LR, LEARNERS, PREVIOUS_MINATAR_LR
 from .settings import AgentConfig, SwarmConfig
 
 SECTIONS = {"swarm": SwarmConfig, "agent": AgentConfig}
@@ -418,7 +418,8 @@ def _upgrade(data: dict) -> dict:
     the papers' 0.01. Before overlap_lr_scale existed, overlapped gossip kept the learning rate as
     given. Before there was more than one learner, every run was A2C. Before MinAtar had its own A2C
     rate, the A2C section of a PPO or IMPALA run recorded the then default 7e-4, which is None now
-    (an A2C run keeps the 7e-4 it learned with)."""
+    (an A2C run keeps the 7e-4 it learned with). Before runs recorded their resolved settings, an
+    A2C run on MinAtar with its rate unset learned at the previous MinAtar default, 1.4e-3."""
     swarm, agent = dict(data.get("swarm") or {}), dict(data.get("agent") or {})
     if "agents" in agent:
         agent["agents_per_host"] = agent.pop("agents")
@@ -436,6 +437,10 @@ def _upgrade(data: dict) -> dict:
         agent["algo"] = "a2c"
     if agent.get("algo", "a2c") != "a2c" and (agent.get("a2c") or {}).get("lr") == ATARI_LR:
         agent["a2c"] = {**agent["a2c"], "lr": None}
+    minatar = str(agent.get("env_id", "")).startswith("MinAtar/")
+    if {"checkpoint_every", "a2c"} <= agent.keys() and agent["algo"] == "a2c" and minatar:
+        if (agent["a2c"] or {}).get("lr", 0) is None:
+            agent["a2c"] = {**agent["a2c"], "lr": PREVIOUS_MINATAR_LR}
     return {**data, "swarm": swarm, "agent": agent}
 
 

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
+from gossiprl.rl.envs import is_minatar
 from gossiprl.rl.learners import LEARNERS, resolved
 from gossiprl.rl.models import flatten_parameters, make_model
-from gossiprl.rl.settings import AgentConfig, thread_plan
+from gossiprl.rl.settings import PREVIOUS_MINATAR_LR, AgentConfig, thread_plan
 
 log = logging.getLogger("gossiprl.rl.agent")
 
@@ -101,6 +102,7 @@ def train(
     checkpoint's counters), ``wall_seconds`` and ``fps`` only this one; the rollout source's stats
     (IMPALA's 'impala/policy_lag_mean' ...) are averaged over this session's updates.
     """
+    cfg = resolved(cfg)  # its config.json and checkpoints record the rate it learns at, not "the default"
     agent_dir = Path(run_dir) / f"agent-{rank}"
     agent_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_path = agent_dir / "checkpoint.pt"
@@ -221,7 +223,7 @@ def resume_checkpoint(checkpoint_path: Path, cfg: AgentConfig) -> dict:
             f"{checkpoint_path} was trained by {checkpoint['config'].get('algo', 'a2c')}, this run asks "
             f"for {cfg.algo}: resume with that --algo or use another --run-dir"
         )
-    changed = changed_on_resume(checkpoint["config"], cfg)
+    changed = changed_on_resume(as_learned(checkpoint["config"]), cfg)
     if changed:
         raise CheckpointError(
             f"{checkpoint_path} was trained with {', '.join(changed)}: a resumed run keeps what it "
@@ -529,6 +531,17 @@ class MetricsLog:
     def close(self) -> None:
         self.file.close()
         self.tb.close()
+
+
+def as_learned(saved: Mapping) -> Mapping:
+    """A checkpoint's config with an unset A2C rate read as the rate it meant when the checkpoint was
+    written: the previous MinAtar default. Checkpoints record the resolved rate since the default
+    moved, so an unset one is always older."""
+    a2c = saved.get("a2c")
+    if saved.get("algo", "a2c") == "a2c" and isinstance(a2c, Mapping) and a2c.get("lr", 0) is None:
+        if is_minatar(str(saved.get("env_id", ""))):
+            return {**saved, "a2c": {**a2c, "lr": PREVIOUS_MINATAR_LR}}
+    return saved
 
 
 def changed_on_resume(saved: Mapping, cfg, path: str = "", resolved_cfg=None) -> list[str]:

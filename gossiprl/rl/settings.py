@@ -39,11 +39,17 @@ def deviation_factor(value) -> float | None:
 
 ATARI_LR = 7e-4
 """A2C's RMSProp rate for Atari with 16 envs x 5 steps (Mnih et al. 2016; GALA and PALA keep it)."""
-MINATAR_LR = 2 * ATARI_LR
-"""MinAtar's: at 1M frames, one agent at 2x ATARI_LR scored higher than at 1x in every seed of
-Breakout and SpaceInvaders, and so did a ring of 4's agents. 4x scored higher still for one agent on
-Breakout, but a ring at 4x is not yet measured, so the default takes the step measured for both
-(experiments.lr_sweep, docs/swarm-learning.md)."""
+MINATAR_LR = 4 * ATARI_LR
+"""MinAtar's, 2.8e-3: at 1M frames per agent, a ring of 4 at 4x ATARI_LR ended above one agent at
+that rate on both Breakout and SpaceInvaders, on seeds fixed before the test ran
+(experiments.lr_confirm), and far above a ring at 2x; one agent at 4x scored above 2x on Breakout
+and level with it on SpaceInvaders. Measured for 1 and 4 agents only (docs/swarm-learning.md).
+Runs recorded before this default (2026-11-28) learned at 2x with an unset rate, and resume so
+(``gossiprl.config``, ``rl.agent``)."""
+
+PREVIOUS_MINATAR_LR = 2 * ATARI_LR
+"""MinAtar's default from 2026-11-27 until MINATAR_LR: what an A2C run recorded then with an unset
+rate learned at, which its resume keeps. Runs record their resolved rate since."""
 
 
 @dataclass
@@ -53,10 +59,9 @@ class A2CConfig:
     n_steps: int = field(default=5, metadata={"min": 1})
     """Steps per env before each update; the return bootstraps from V after n_steps."""
     lr: float | None = field(default=None, metadata={"min": 0, "min_open": True})
-    """RMSProp learning rate. None means 1.4e-3 on MinAtar and A2C's Atari rate, 7e-4, elsewhere
-    (GALA's README runs 4 learners at 1.4e-3 on Atari). On MinAtar, 1.4e-3 scored higher than 7e-4 at
-    1M frames for one agent in every seed of Breakout and SpaceInvaders, and for a ring of 4's agents;
-    no rule in the number of agents is applied (docs/swarm-learning.md)."""
+    """RMSProp learning rate. None means 2.8e-3 on MinAtar (``MINATAR_LR``) and A2C's Atari rate,
+    7e-4, elsewhere. On MinAtar 2.8e-3 is where a ring of 4 learns more per agent frame than one
+    agent; no rule in the number of agents is applied (docs/swarm-learning.md)."""
     rmsprop_eps: float = field(default=1e-5, metadata={"min": 0, "min_open": True})
     """RMSProp epsilon, larger than torch's 1e-8 default as in the A2C papers, so steps stay
     bounded while the squared-gradient average is still near zero."""

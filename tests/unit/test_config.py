@@ -317,6 +317,32 @@ def test_a_config_json_from_before_shared_init_resumes_with_what_it_learned_with
     assert (fresh.shared_init, fresh.gossip_overlap, fresh.a2c.entropy_coef) == (True, False, None)
 
 
+def test_an_a2c_run_recorded_with_an_unset_minatar_rate_resumes_at_the_rate_it_learned_at(tmp_path, recorded):
+    """Runs record their resolved rate since MinAtar's default moved to 2.8e-3; an A2C run recorded
+    before, with its rate unset, learned at the previous default (1.4e-3) and resumes at it. A PPO
+    run's A2C section and a run off MinAtar keep the unset rate."""
+    from gossiprl.rl.settings import MINATAR_LR, PREVIOUS_MINATAR_LR
+
+    assert PREVIOUS_MINATAR_LR != MINATAR_LR
+    for name, env, algo, lr in [
+        ("a2c", "MinAtar/Breakout-v1", "a2c", PREVIOUS_MINATAR_LR),
+        ("ppo", "MinAtar/Breakout-v1", "ppo", None),
+        ("cartpole", "CartPole-v1", "a2c", None),
+    ]:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        agent = asdict(AgentConfig(env_id=env, total_frames=1500, algo=algo))
+        assert agent["a2c"]["lr"] is None
+        (run_dir / "config.json").write_text(json.dumps({"swarm": asdict(SwarmConfig(agents=1)), "agent": agent}))
+        result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
+        assert result.exit_code == 1 and "recorded" in result.output, result.output
+        (_, agent_cfg, _), _ = recorded[-1]
+        assert (name, agent_cfg.a2c.lr) == (name, lr)
+    invoke("run", "--env", "MinAtar/Breakout-v1", "--run-dir", tmp_path / "new", "--no-progress")
+    (_, fresh, _), _ = recorded[-1]
+    assert fresh.a2c.lr is None  # the env's default, which the launcher records resolved
+
+
 def test_a_ppo_run_from_before_minatars_a2c_rate_resumes(tmp_path, recorded):
     """A PPO run's record holds A2C's section too, at the default of its day: 7e-4 before the A2C
     rate became None (the env's rate). That section never decided anything the run did, so it is

@@ -48,10 +48,10 @@ def test_a_window_too_short_for_every_cell_runs_the_small_and_short_ones_and_pla
 
 
 def test_a_cell_is_named_by_the_rate_it_runs_at_not_by_the_default():
-    """MinAtar's default A2C rate moved from 7e-4 to 1.4e-3: a cell asking for the default and one
-    naming the rate it resolves to are the same run, so no study runs it twice and none lost its runs;
-    a PPO cell ignores A2C's rate and keeps the fingerprint it had."""
-    from experiments.common import Cell, cell_fingerprint
+    """MinAtar's default A2C rate moved from 7e-4 to 1.4e-3, then to 2.8e-3: a study's cell asking
+    for no rate runs at the studies' 1.4e-3 and is the same run as one naming it, so no study runs it
+    twice and none lost its runs; a PPO cell ignores A2C's rate and keeps the fingerprint it had."""
+    from experiments.common import STUDY_MINATAR_LR, Cell, cell_fingerprint
     from gossiprl.launch import SwarmConfig
     from gossiprl.rl.a2c import MINATAR_LR
     from gossiprl.rl.settings import A2CConfig
@@ -61,7 +61,9 @@ def test_a_cell_is_named_by_the_rate_it_runs_at_not_by_the_default():
             Cell("x", 1, 1, 1000, SwarmConfig(agents=1), A2CConfig(**a2c), agent=agent or {}), env, 10
         )
 
-    assert fingerprint("MinAtar/Breakout-v1") == fingerprint("MinAtar/Breakout-v1", lr=MINATAR_LR)
+    assert STUDY_MINATAR_LR == 2 * ATARI_LR != MINATAR_LR
+    assert fingerprint("MinAtar/Breakout-v1") == fingerprint("MinAtar/Breakout-v1", lr=STUDY_MINATAR_LR)
+    assert fingerprint("MinAtar/Breakout-v1") != fingerprint("MinAtar/Breakout-v1", lr=MINATAR_LR)
     assert fingerprint("MinAtar/Breakout-v1") != fingerprint("MinAtar/Breakout-v1", lr=ATARI_LR)
     assert fingerprint("CartPole-v1") == fingerprint("CartPole-v1", lr=ATARI_LR)
     ppo = {"algo": "ppo"}
@@ -286,16 +288,15 @@ def test_a_change_to_the_defaults_a2c_cells_run_under_comes_with_a_new_loop_vers
     reused for runs they are not. This pins those defaults to the version: it fails until both move."""
     from dataclasses import asdict
 
-    from experiments.common import LOOP_VERSION
-    from gossiprl.rl.a2c import A2CConfig, resolve_defaults
+    from experiments.common import LOOP_VERSION, Cell, learner_settings
+    from gossiprl.launch import SwarmConfig
     from gossiprl.rl.settings import AgentConfig
 
     bookkeeping = {"env_id", "total_frames", "seed", "agents_per_host", "device", "torch_threads", "log_every"}
     bookkeeping |= {"checkpoint_every", "stop_at_return", "a2c", "ppo", "impala"}
     learning = {k: v for k, v in asdict(AgentConfig()).items() if k not in bookkeeping}
-    minatar = {
-        env: asdict(resolve_defaults(A2CConfig(), env)) for env in ("MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1")
-    }
+    cell = Cell("x", 1, 1, 1000, SwarmConfig(agents=1))
+    minatar = {env: asdict(learner_settings(cell, env)) for env in ("MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1")}
     a2c = {"num_envs": 16, "n_steps": 5, "lr": 0.0014, "rmsprop_eps": 1e-05, "rmsprop_alpha": 0.99}
     a2c |= {"entropy_coef": 0.01, "value_coef": 0.5, "gamma": 0.99, "max_grad_norm": 0.5, "clip_rewards": False}
     assert (LOOP_VERSION, learning, minatar) == (

@@ -504,6 +504,31 @@ def test_resuming_with_another_env_is_refused_naming_both(tmp_path):
         agent.train(other, tmp_path, rank=0, resume=True)
 
 
+def test_a_checkpoint_records_the_rate_it_learns_at_and_an_older_unset_one_keeps_its_rate(tmp_path):
+    """A run records its resolved rate, so a later move of the env's default leaves it be. A checkpoint
+    from before, its rate unset on MinAtar, learned at the previous default: resuming it at today's
+    is refused, naming the rate, and at its own goes on."""
+    import json
+    from dataclasses import replace
+
+    from gossiprl.rl import agent
+    from gossiprl.rl.settings import MINATAR_LR, PREVIOUS_MINATAR_LR
+
+    cfg = agent.AgentConfig(env_id="MinAtar/Breakout-v1", total_frames=40, torch_threads=1, a2c=A2CConfig(num_envs=4))
+    agent.train(cfg, tmp_path, rank=0)
+    path = tmp_path / "agent-0" / "checkpoint.pt"
+    state = agent.load_checkpoint(path)
+    recorded = json.loads((tmp_path / "agent-0" / "config.json").read_text())["a2c"]["lr"]
+    assert (state["config"]["a2c"]["lr"], recorded) == (MINATAR_LR, MINATAR_LR)
+    state["config"]["a2c"]["lr"] = None
+    agent.save_checkpoint(path, {k: v for k, v in state.items() if k != "sha256"})
+    longer = replace(cfg, total_frames=80)
+    with pytest.raises(agent.CheckpointError, match=f"a2c.lr={PREVIOUS_MINATAR_LR!r} \\(now {MINATAR_LR!r}\\)"):
+        agent.train(longer, tmp_path, rank=0, resume=True)
+    at_its_rate = replace(longer, a2c=A2CConfig(num_envs=4, lr=PREVIOUS_MINATAR_LR))
+    assert agent.train(at_its_rate, tmp_path, rank=0, resume=True)["updates"] == 4
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
 def test_asking_for_cuda_without_a_gpu_says_so():
     from gossiprl.rl.agent import pick_device
