@@ -116,6 +116,8 @@ def run_spread(cell: Cell, cfg: AgentConfig, run_dir: Path) -> tuple[list[dict],
         )
 
     a2c = cfg.a2c
+    # the cell's rate, which its fingerprint names (the studies' on MinAtar), not the CLI's default
+    rate = ["--lr", repr(a2c.lr)] if a2c.lr is not None else []
     with namespaces() as ns:
         start = time.perf_counter()
         broker = cli(
@@ -155,6 +157,7 @@ def run_spread(cell: Cell, cfg: AgentConfig, run_dir: Path) -> tuple[list[dict],
                     str(a2c.num_envs),
                     "--n-steps",
                     str(a2c.n_steps),
+                    *rate,
                     "--gossip-every",
                     str(cfg.gossip_every),
                     "--log-every",

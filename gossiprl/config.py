@@ -44,7 +44,7 @@ import click
 from click.core import ParameterSource
 
 from .rl.settings import ATARI_LR, LEARNERS, PREVIOUS_MINATAR_LR
-from .settings import AgentConfig, SwarmConfig
+from .settings import RECORDS, RECORDS_LEARNER, AgentConfig, SwarmConfig
 
 SECTIONS = {"swarm": SwarmConfig, "agent": AgentConfig}
 """The sections of a run's config.json and the config each holds; each learner's config is
@@ -356,8 +356,8 @@ class Settings:
         describes a whole run, of which an agent, say, takes only its own part."""
         values = {}
         if "swarm" in data or "agent" in data:
-            for key in data.keys() - {*SECTIONS, "topology"}:
-                self._unknown(key, source, ["swarm", "agent", "topology"])
+            for key in data.keys() - {*SECTIONS, *RECORDS}:
+                self._unknown(key, source, ["swarm", "agent", *RECORDS])
             known = {p for name in SECTIONS for s in settings_of(name) for p in s.paths}
             data = _upgrade(data)
             algo = data["agent"].get("algo") or ctx.params.get("algo") or "a2c"
@@ -396,10 +396,10 @@ class Settings:
 
 
 def _leaves(data: dict, path: tuple[str, ...] = ()):
-    """(path, value) of every setting in a sectioned config; the top-level "topology" (the built
-    matrix, written for the record) is no setting."""
+    """(path, value) of every setting in a sectioned config; the top-level records (``RECORDS``)
+    are no settings."""
     for key, value in data.items():
-        if not path and key == "topology":
+        if not path and key in RECORDS:
             continue
         if isinstance(value, dict) and (not path or key in LEARNERS):
             yield from _leaves(value, (*path, key))
@@ -418,8 +418,8 @@ def _upgrade(data: dict) -> dict:
     the papers' 0.01. Before overlap_lr_scale existed, overlapped gossip kept the learning rate as
     given. Before there was more than one learner, every run was A2C. Before MinAtar had its own A2C
     rate, the A2C section of a PPO or IMPALA run recorded the then default 7e-4, which is None now
-    (an A2C run keeps the 7e-4 it learned with). Before runs recorded their resolved settings, an
-    A2C run on MinAtar with its rate unset learned at the previous MinAtar default, 1.4e-3."""
+    (an A2C run keeps the 7e-4 it learned with). What an unset learner setting meant is
+    ``as_learned``'s, on resume only."""
     swarm, agent = dict(data.get("swarm") or {}), dict(data.get("agent") or {})
     if "agents" in agent:
         agent["agents_per_host"] = agent.pop("agents")
@@ -437,11 +437,25 @@ def _upgrade(data: dict) -> dict:
         agent["algo"] = "a2c"
     if agent.get("algo", "a2c") != "a2c" and (agent.get("a2c") or {}).get("lr") == ATARI_LR:
         agent["a2c"] = {**agent["a2c"], "lr": None}
-    minatar = str(agent.get("env_id", "")).startswith("MinAtar/")
-    if {"checkpoint_every", "a2c"} <= agent.keys() and agent["algo"] == "a2c" and minatar:
-        if (agent["a2c"] or {}).get("lr", 0) is None:
-            agent["a2c"] = {**agent["a2c"], "lr": PREVIOUS_MINATAR_LR}
     return {**data, "swarm": swarm, "agent": agent}
+
+
+def as_learned(data: dict) -> dict:
+    """A run's config.json for its resume: the learner's settings left to the env's default read as
+    the ones it learned with (``RECORDS_LEARNER``). A run recorded before that record was an A2C run
+    on MinAtar with its rate unset learned at the previous MinAtar default, 1.4e-3; its other unset
+    settings are the env's defaults then and now."""
+    agent = dict(data.get("agent") or {})
+    algo = agent.get("algo") or "a2c"
+    section = agent.get(algo)
+    if not isinstance(section, dict):
+        return data
+    recorded = (data.get(RECORDS_LEARNER) or {}).get(algo)
+    if isinstance(recorded, dict):
+        section = {k: recorded.get(k, v) if v is None else v for k, v in section.items()}
+    elif algo == "a2c" and section.get("lr", 0) is None and str(agent.get("env_id", "")).startswith("MinAtar/"):
+        section = {**section, "lr": PREVIOUS_MINATAR_LR}  # rl.envs.is_minatar's test, without the RL stack
+    return {**data, "agent": {**agent, algo: section}}
 
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -533,7 +547,7 @@ def resume_values(ctx: click.Context, settings: Settings, run_dir: Path | None, 
     path = Path(run_dir) / "config.json"
     if not path.exists():
         raise click.ClickException(f"cannot resume: {run_dir} holds no run (no config.json)")
-    saved = settings.read(ctx, load_file(path), str(path))
+    saved = settings.read(ctx, as_learned(load_file(path)), str(path))
     conflicts, given = [], settings.given(ctx)
     for name, setting in settings.by_name.items():
         if (

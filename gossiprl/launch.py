@@ -53,7 +53,7 @@ from .hosts import (
     rank_from_environment,
 )
 from .rl.settings import host_cores
-from .settings import TRANSPORTS, SwarmConfig, return_target
+from .settings import RECORDS_LEARNER, TRANSPORTS, SwarmConfig, return_target
 
 __all__ = [  # the swarm's own names, and the roles' that callers of gossiprl.launch have always found here
     "LOCAL_HEARTBEAT_S",
@@ -635,9 +635,11 @@ class Swarm:
 
 @contextlib.contextmanager
 def _signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
-    """Note SIGINT and SIGTERM rather than act on them, then raise each noted signal again, to the
-    handler it would have reached (Ctrl-C's KeyboardInterrupt, ``cli.stop_on_sigterm``'s, or the
-    default's exit). Signals reach Python's main thread only; a handler set outside Python is left."""
+    """Note SIGINT and SIGTERM rather than act on them, then raise the noted ones again, in order, to
+    the handler each would have reached (Ctrl-C's KeyboardInterrupt, ``cli.stop_on_sigterm``'s, or
+    the default's exit). The first that raises ends it: two Ctrl-Cs within one hold are one, as are a
+    SIGTERM and a Ctrl-C, and an error of the held code gives way to the stop. Signals reach Python's
+    main thread only; a handler set outside Python is left."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -697,7 +699,12 @@ def run(
     prepare_run_dir(
         run_dir,
         resume,
-        {"swarm": asdict(swarm), "agent": asdict(resolved(agent_cfg)), "topology": topo.to_dict() if topo else None},
+        {
+            "swarm": asdict(swarm),
+            "agent": asdict(agent_cfg),
+            "topology": topo.to_dict() if topo else None,
+            RECORDS_LEARNER: {agent_cfg.algo: asdict(getattr(resolved(agent_cfg), agent_cfg.algo))},
+        },
     )
     if resume and not any((run_dir / f"agent-{r}" / "checkpoint.pt").exists() for r in range(swarm.agents)):
         # Each agent would wait to adopt its neighbours' parameters, and none has any: a deadlock.

@@ -1,7 +1,8 @@
 """Every setting of gossiprl, as one tree of dataclasses: the `gossiprl` command is generated from it.
 
 A run's config.json has two sections, ``swarm`` (SwarmConfig, below) and ``agent`` (AgentConfig,
-whose learners' hyperparameters are its sub-sections ``agent.a2c``, ``agent.ppo``). A broker and
+whose learners' hyperparameters are its sub-sections ``agent.a2c``, ``agent.ppo``), and records
+beside them (``RECORDS``). A broker and
 an agent's connection to it (BrokerConfig, ClientConfig) are the comms layer's and an agent's
 learning the RL layer's, so those are declared in ``gossiprl.comms.settings`` and
 ``gossiprl.rl.settings``, where the layers below can import them; the rest (the swarm, and what
@@ -32,6 +33,14 @@ NATURE_CNN_PARAMS = 1_687_719
 
 OUT_FILE = {"dir_okay": False}
 """A file a command writes (metadata ``path``)."""
+
+
+RECORDS_LEARNER = "learned_with"
+"""A run's config.json's record of its learner's settings as its agents resolved them for its env:
+what a resumed run keeps where its "agent" section leaves a setting to the env's default (None),
+which may have moved since. A new run taking the file as --config gets its own env's defaults."""
+RECORDS = ("topology", RECORDS_LEARNER)
+"""Top-level entries of a run's config.json that record what the run was, and set nothing."""
 
 
 def return_target(value) -> float | str | None:

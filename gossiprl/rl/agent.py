@@ -223,7 +223,7 @@ def resume_checkpoint(checkpoint_path: Path, cfg: AgentConfig) -> dict:
             f"{checkpoint_path} was trained by {checkpoint['config'].get('algo', 'a2c')}, this run asks "
             f"for {cfg.algo}: resume with that --algo or use another --run-dir"
         )
-    changed = changed_on_resume(as_learned(checkpoint["config"]), cfg)
+    changed = changed_on_resume(_as_learned(checkpoint["config"]), cfg)
     if changed:
         raise CheckpointError(
             f"{checkpoint_path} was trained with {', '.join(changed)}: a resumed run keeps what it "
@@ -533,15 +533,24 @@ class MetricsLog:
         self.tb.close()
 
 
-def as_learned(saved: Mapping) -> Mapping:
-    """A checkpoint's config with an unset A2C rate read as the rate it meant when the checkpoint was
-    written: the previous MinAtar default. Checkpoints record the resolved rate since the default
-    moved, so an unset one is always older."""
-    a2c = saved.get("a2c")
-    if saved.get("algo", "a2c") == "a2c" and isinstance(a2c, Mapping) and a2c.get("lr", 0) is None:
-        if is_minatar(str(saved.get("env_id", ""))):
-            return {**saved, "a2c": {**a2c, "lr": PREVIOUS_MINATAR_LR}}
-    return saved
+def _as_learned(saved: Mapping) -> Mapping:
+    """A checkpoint's config with its learner's unset settings (None) read as what they meant when it
+    was written: the env's defaults then, which are today's but for MinAtar's A2C rate (1.4e-3 then).
+    Checkpoints record resolved settings since that rate moved, so an unset one is always older."""
+    algo, env_id = saved.get("algo", "a2c"), str(saved.get("env_id", ""))
+    section = saved.get(algo)
+    if algo not in LEARNERS or not isinstance(section, Mapping):
+        return saved
+    section = dict(section)
+    if algo == "a2c" and section.get("lr", 0) is None and is_minatar(env_id):
+        section["lr"] = PREVIOUS_MINATAR_LR
+    cls = type(getattr(AgentConfig(), algo))
+    known = {f.name for f in fields(cls)}
+    try:
+        then = asdict(LEARNERS[algo].resolve_defaults(cls(**{k: v for k, v in section.items() if k in known}), env_id))
+    except (TypeError, ValueError):  # values no config takes: compared as they are, and refused there
+        return {**saved, algo: section}
+    return {**saved, algo: {k: then.get(k) if v is None else v for k, v in section.items()}}
 
 
 def changed_on_resume(saved: Mapping, cfg, path: str = "", resolved_cfg=None) -> list[str]:

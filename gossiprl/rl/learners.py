@@ -43,7 +43,7 @@ LEARNERS: dict[str, Learner] = {"a2c": a2c, "ppo": ppo, "impala": impala}
 
 def resolved(cfg):
     """An AgentConfig with its learner's env-dependent defaults (None fields) filled in, as its
-    agents resolve them: what a run's config.json and checkpoints record, so a default that moves
+    agents resolve them: what a run's checkpoints and config.json's ``learned_with`` record, so a default that moves
     later (MinAtar's A2C rate did) does not change what a resumed run learns with. (Overlapped
     gossip's rate rule, --overlap-lr-scale, scales the rate further in the loop.)"""
     return replace(cfg, **{cfg.algo: LEARNERS[cfg.algo].resolve_defaults(getattr(cfg, cfg.algo), cfg.env_id)})

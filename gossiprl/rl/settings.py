@@ -43,13 +43,13 @@ MINATAR_LR = 4 * ATARI_LR
 """MinAtar's, 2.8e-3: at 1M frames per agent, a ring of 4 at 4x ATARI_LR ended above one agent at
 that rate on both Breakout and SpaceInvaders, on seeds fixed before the test ran
 (experiments.lr_confirm), and far above a ring at 2x; one agent at 4x scored above 2x on Breakout
-and level with it on SpaceInvaders. Measured for 1 and 4 agents only (docs/swarm-learning.md).
-Runs recorded before this default (2026-11-28) learned at 2x with an unset rate, and resume so
-(``gossiprl.config``, ``rl.agent``)."""
+and could not be told from it on SpaceInvaders. Measured for 1 and 4 agents only
+(docs/swarm-learning.md). Runs recorded before this default (2026-11-28) learned at 2x with an
+unset rate, and resume so (``gossiprl.config.as_learned``; a checkpoint: ``rl.agent``)."""
 
 PREVIOUS_MINATAR_LR = 2 * ATARI_LR
 """MinAtar's default from 2026-11-27 until MINATAR_LR: what an A2C run recorded then with an unset
-rate learned at, which its resume keeps. Runs record their resolved rate since."""
+rate learned at, which its resume keeps. Runs record the settings they learn with since."""
 
 
 @dataclass

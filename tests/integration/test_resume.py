@@ -19,8 +19,9 @@ def test_resume_extends_the_budget_records_it_and_counts_every_sessions_time(tmp
     assert first["frames"] == 4000 and first["wall_seconds"] == first["session_wall_seconds"]
     recorded = json.loads((run_dir / "config.json").read_text())
     assert recorded["swarm"]["total_frames"] == 4000
-    # what the agents learn with, not "the env's default", which may move before a resume
-    assert (recorded["agent"]["a2c"]["lr"], recorded["agent"]["a2c"]["entropy_coef"]) == (7e-4, 0.0)
+    # the env's default (null), and beside it what that was for this run, which a resume keeps
+    assert (recorded["agent"]["a2c"]["lr"], recorded["agent"]["a2c"]["entropy_coef"]) == (None, None)
+    assert (recorded["learned_with"]["a2c"]["lr"], recorded["learned_with"]["a2c"]["entropy_coef"]) == (7e-4, 0.0)
 
     refused = invoke("run", "--run-dir", run_dir, "--resume", "--agents", 4, "--total-frames", 8000, "--no-progress")
     assert refused.exit_code == 1 and "--agents 4 conflicts with the run's agents=2" in refused.output

@@ -340,7 +340,29 @@ def test_an_a2c_run_recorded_with_an_unset_minatar_rate_resumes_at_the_rate_it_l
         assert (name, agent_cfg.a2c.lr) == (name, lr)
     invoke("run", "--env", "MinAtar/Breakout-v1", "--run-dir", tmp_path / "new", "--no-progress")
     (_, fresh, _), _ = recorded[-1]
-    assert fresh.a2c.lr is None  # the env's default, which the launcher records resolved
+    assert fresh.a2c.lr is None  # a new run takes today's default
+    invoke("run", "--config", tmp_path / "a2c" / "config.json", "--env", "CartPole-v1", "--run-dir", tmp_path / "cp")
+    (_, other_env, _), _ = recorded[-1]
+    assert (other_env.env_id, other_env.a2c.lr) == ("CartPole-v1", None)  # as a template: its env's default
+
+
+def test_a_resumed_run_keeps_the_settings_it_recorded_learning_with_and_a_new_one_takes_its_envs(tmp_path, recorded):
+    """config.json's agent section leaves a setting to the env's default (None) and records beside it
+    what that was for the run ("learned_with"): a resume keeps that, whatever the default is by then;
+    a new run given the file as --config, on another env, takes that env's defaults."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    agent = asdict(AgentConfig(env_id="MinAtar/Breakout-v1", total_frames=1500))
+    learned = {**agent["a2c"], "lr": 0.005, "entropy_coef": 0.02, "clip_rewards": False}
+    data = {"swarm": asdict(SwarmConfig(agents=1)), "agent": agent, "learned_with": {"a2c": learned}}
+    (run_dir / "config.json").write_text(json.dumps(data))
+    result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
+    assert result.exit_code == 1 and "recorded" in result.output, result.output
+    (_, resumed, _), _ = recorded[-1]
+    assert (resumed.a2c.lr, resumed.a2c.entropy_coef, resumed.a2c.clip_rewards) == (0.005, 0.02, False)
+    invoke("run", "--config", run_dir / "config.json", "--env", "CartPole-v1", "--run-dir", tmp_path / "new")
+    (_, fresh, _), _ = recorded[-1]
+    assert (fresh.env_id, fresh.a2c.lr, fresh.a2c.entropy_coef) == ("CartPole-v1", None, None)
 
 
 def test_a_ppo_run_from_before_minatars_a2c_rate_resumes(tmp_path, recorded):

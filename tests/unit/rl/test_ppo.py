@@ -154,6 +154,26 @@ def test_resuming_with_another_algo_is_refused_and_an_old_checkpoint_is_a2cs(tmp
         agent.train(replace(tiny_ppo(), total_frames=512), tmp_path, rank=0, resume=True)
 
 
+def test_a_ppo_checkpoint_with_its_env_dependent_settings_unset_resumes(tmp_path):
+    """Checkpoints recorded None for the settings the env decides until they recorded what the agent
+    learned with; such a checkpoint resumes with the settings it meant, and not with others."""
+    from dataclasses import asdict, replace
+
+    from gossiprl.rl import agent
+
+    cfg = replace(tiny_ppo(), ppo=PPOConfig())  # every env-dependent setting left to the env
+    agent.train(replace(cfg, total_frames=2048), tmp_path, rank=0)
+    path = tmp_path / "agent-0" / "checkpoint.pt"
+    state = agent.load_checkpoint(path)
+    unset = [k for k, v in asdict(PPOConfig()).items() if v is None]
+    assert unset and all(state["config"]["ppo"][k] is not None for k in unset)
+    state["config"]["ppo"].update(dict.fromkeys(unset))
+    agent.save_checkpoint(path, {k: v for k, v in state.items() if k != "sha256"})
+    with pytest.raises(agent.CheckpointError, match="ppo.lr="):
+        agent.train(replace(cfg, total_frames=4096, ppo=PPOConfig(lr=1e-3)), tmp_path, rank=0, resume=True)
+    assert agent.train(replace(cfg, total_frames=4096), tmp_path, rank=0, resume=True)["frames"] == 4096
+
+
 def test_a_ppo_checkpoint_from_before_minatars_a2c_rate_resumes():
     """Its unused A2C section recorded 7e-4, the default then, which is None now: not a setting the
     run learned with, so no reason to refuse the resume. The PPO section still is."""
