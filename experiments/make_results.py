@@ -29,6 +29,7 @@ import numpy as np
 from experiments import claims, learners, stats, swarm_vs_one, table1
 from experiments.common import (
     REAL_ENV,
+    STUDY_MINATAR_LR,
     aggregate,
     cell_fingerprint,
     cell_key,
@@ -43,6 +44,7 @@ from experiments.common import (
 from experiments.figures import reference_figure
 from experiments.study import METRICS, RESULTS, default_eval_episodes, finish, planned_cells
 from experiments.untrained import untrained_score, untrained_text
+from gossiprl.rl.settings import MINATAR_LR
 
 SECOND_GAME = "MinAtar/SpaceInvaders-v1"
 """The game a study's ``<study>_spaceinvaders`` dir holds (experiments/run_all.sh runs it)."""
@@ -751,6 +753,12 @@ def budget_lines(results: Path) -> list[str]:
     ]
 
 
+def _rate(lr: float) -> str:
+    """A learning rate as the text writes it: 1.4e-3."""
+    mantissa, exponent = f"{lr:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
 def readme_seeds_section(results: Path) -> list[str]:
     path = results / "readme_seeds" / "results.csv"
     cells = sorted((results / "readme_seeds" / "cells").glob("seed*.json"))
@@ -814,6 +822,11 @@ def main(results, output):
         "",
         "**GPU.** No GPU machine was at hand in this session: the Pong/Breakout GPU runs of the issue "
         "(8-16 agents vs A2C vs independent, fixed wall-clock) were not done.",
+        "",
+        f"**Learning rate.** An A2C cell that names no rate runs at {_rate(STUDY_MINATAR_LR)} on MinAtar "
+        "(experiments.common.STUDY_MINATAR_LR), MinAtar's default when the studies were planned, so each study "
+        f"compares its arms at one rate; `gossiprl run`'s MinAtar default is {_rate(MINATAR_LR)} since lr_confirm "
+        "(below) found a ring of 4 ahead of one agent there. The rate studies name theirs.",
         "",
         "**How cells are judged.** Equal frames per cell, for the whole swarm or, where a study says so, for each "
         "agent; equal wall-clock is read "
