@@ -251,7 +251,7 @@ def cell_plan(cell: Cell, out: Path, env_id: str, eval_episodes: int, shared: Pa
     older = row_path.exists() and read_record(row_path).get("fingerprint") != fingerprint
     if row_path.exists() and not older:
         return CellPlan("done", 0)
-    if (shared / f"{fingerprint}.json").exists():
+    if shared_row(cell, shared, fingerprint) is not None:
         return CellPlan("cached", 0)
     run_dir = out / "runs" / cell.key
     sessions, trained = kept_sessions(run_dir, fingerprint) if cell.runner is None else (0, False)
@@ -272,11 +272,19 @@ def cell_plan(cell: Cell, out: Path, env_id: str, eval_episodes: int, shared: Pa
 
 def shared_row(cell: Cell, shared: Path, fingerprint: str) -> dict | None:
     """The row the shared cache holds for the run ``fingerprint`` names, as ``cell``'s (its setting
-    and labels: the same run is another setting in each study that has it); None where it holds none."""
+    and labels: the same run is another setting in each study that has it); None where it holds none.
+
+    The data plane is not in a fingerprint: a sync cell learns bitwise the same on any, so a run is
+    reused across planes and its row says which it ran on. A cell that keeps its SwarmConfig's plane
+    (``plane`` None: the layout study's, whose question is the time the bytes take) is not given a
+    run made on another."""
     path = Path(shared) / f"{fingerprint}.json"
     if not path.exists():
         return None
-    return {**read_record(path), "setting": cell.setting, **cell.labels}
+    row = read_record(path)
+    if cell.plane is None and row.get("data_plane") != ran_swarm(cell).data_plane:
+        return None
+    return {**row, "setting": cell.setting, **cell.labels}
 
 
 def ran_swarm(cell: Cell) -> launch.SwarmConfig:

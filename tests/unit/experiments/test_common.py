@@ -233,6 +233,24 @@ def test_sync_cells_gossip_over_shared_memory_and_are_named_as_through_the_broke
     assert ran_swarm(replace(ring, swarm=direct)).data_plane == "direct"  # a plane the cell names is its own
 
 
+def test_a_cell_that_keeps_its_plane_is_not_given_a_run_made_on_another(tmp_path):
+    """Cells on both planes share a fingerprint (they learn the same). The layout study's one-host arm
+    keeps the broker's plane because its question is the time the bytes take: a run another study made
+    over shared memory is not its run, while the reverse reuse stands (the row names its plane)."""
+    from experiments.common import shared_row
+
+    ring = Cell("ring", 1, 4, 4_000_000, SwarmConfig(agents=4, topology="ring"))
+    as_declared = replace(ring, setting="one host", plane=None)
+    fingerprint = cell_fingerprint(ring, "MinAtar/Breakout-v1", 10)
+    for plane, reused in ((PLANE, ("ring",)), ("broker", ("ring", "one host"))):
+        (tmp_path / f"{fingerprint}.json").write_text(json.dumps({"data_plane": plane, "agents_mean": 1.0}))
+        cells = (ring, as_declared)
+        rows = {c.setting: shared_row(c, tmp_path, fingerprint) for c in cells}
+        assert tuple(setting for setting, row in rows.items() if row is not None) == reused, plane
+        states = {c.setting: cell_plan(c, tmp_path / "study", "MinAtar/Breakout-v1", 10, tmp_path).state for c in cells}
+        assert states == {s: "cached" if s in reused else "to run" for s in rows}, plane
+
+
 def test_a_curve_resumed_after_a_kill_reads_each_frame_once(tmp_path):
     """Committed curves of runs resumed after a kill hold the killed session's rows past its checkpoint
     and then the resumed session's rows from that checkpoint on: the curve went back in frames, which
