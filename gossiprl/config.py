@@ -43,8 +43,8 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from .rl.settings import ATARI_LR, LEARNERS, PREVIOUS_MINATAR_LR
-from .settings import RECORDS, RECORDS_LEARNER, AgentConfig, SwarmConfig
+from .rl.settings import ATARI_LR, LEARNERS
+from .settings import RECORDS, AgentConfig, SwarmConfig, learned_with
 
 SECTIONS = {"swarm": SwarmConfig, "agent": AgentConfig}
 """The sections of a run's config.json and the config each holds; each learner's config is
@@ -418,8 +418,8 @@ def _upgrade(data: dict) -> dict:
     the papers' 0.01. Before overlap_lr_scale existed, overlapped gossip kept the learning rate as
     given. Before there was more than one learner, every run was A2C. Before MinAtar had its own A2C
     rate, the A2C section of a PPO or IMPALA run recorded the then default 7e-4, which is None now
-    (an A2C run keeps the 7e-4 it learned with). What an unset learner setting meant is
-    ``as_learned``'s, on resume only."""
+    (an A2C run keeps the 7e-4 it learned with). What an unset learner setting stood for is the
+    launcher's to read on resume (``settings.learned_with``)."""
     swarm, agent = dict(data.get("swarm") or {}), dict(data.get("agent") or {})
     if "agents" in agent:
         agent["agents_per_host"] = agent.pop("agents")
@@ -440,21 +440,18 @@ def _upgrade(data: dict) -> dict:
     return {**data, "swarm": swarm, "agent": agent}
 
 
-def as_learned(data: dict) -> dict:
-    """A run's config.json for its resume: the learner's settings left to the env's default read as
-    the ones it learned with (``RECORDS_LEARNER``). A run recorded before that record was an A2C run
-    on MinAtar with its rate unset learned at the previous MinAtar default, 1.4e-3; its other unset
-    settings are the env's defaults then and now."""
+def _as_learned(data: dict, path: Path) -> dict:
+    """A run's config.json with the learner settings it left to the env's default (None) as the run
+    learned with them (``settings.learned_with``): what a resume's flags are checked against."""
     agent = dict(data.get("agent") or {})
     algo = agent.get("algo") or "a2c"
-    section = agent.get(algo)
-    if not isinstance(section, dict):
+    if not isinstance(agent.get(algo), dict):
         return data
-    recorded = (data.get(RECORDS_LEARNER) or {}).get(algo)
-    if isinstance(recorded, dict):
-        section = {k: recorded.get(k, v) if v is None else v for k, v in section.items()}
-    elif algo == "a2c" and section.get("lr", 0) is None and str(agent.get("env_id", "")).startswith("MinAtar/"):
-        section = {**section, "lr": PREVIOUS_MINATAR_LR}  # rl.envs.is_minatar's test, without the RL stack
+    try:
+        learned = learned_with(data)
+    except ValueError as err:
+        raise click.ClickException(f"cannot resume: {path}: {err}") from None
+    section = {k: learned.get(k) if v is None else v for k, v in agent[algo].items()}
     return {**data, "agent": {**agent, algo: section}}
 
 
@@ -547,16 +544,18 @@ def resume_values(ctx: click.Context, settings: Settings, run_dir: Path | None, 
     path = Path(run_dir) / "config.json"
     if not path.exists():
         raise click.ClickException(f"cannot resume: {run_dir} holds no run (no config.json)")
-    saved = settings.read(ctx, as_learned(load_file(path)), str(path))
+    data = load_file(path)
+    saved = settings.read(ctx, data, str(path))
+    learned = settings.read(ctx, _as_learned(data, path), str(path))
     conflicts, given = [], settings.given(ctx)
     for name, setting in settings.by_name.items():
         if (
             name in given
-            and name in saved
-            and ctx.params[name] != saved[name]
+            and name in learned
+            and ctx.params[name] != learned[name]
             and not setting.field.metadata.get("may_change_on_resume")
         ):
-            conflicts.append(f"{setting.as_flag(ctx.params[name])} conflicts with the run's {name}={saved[name]}")
+            conflicts.append(f"{setting.as_flag(ctx.params[name])} conflicts with the run's {name}={learned[name]}")
     if conflicts:
         flags = "the flag" if len(conflicts) == 1 else "these flags"
         raise click.ClickException(

@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import zmq
@@ -53,7 +53,7 @@ from .hosts import (
     rank_from_environment,
 )
 from .rl.settings import host_cores
-from .settings import RECORDS_LEARNER, TRANSPORTS, SwarmConfig, return_target
+from .settings import RECORDS_LEARNER, TRANSPORTS, SwarmConfig, learned_with, return_target
 
 __all__ = [  # the swarm's own names, and the roles' that callers of gossiprl.launch have always found here
     "LOCAL_HEARTBEAT_S",
@@ -162,6 +162,26 @@ def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
     tmp = config_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(config, indent=2, default=str))
     os.replace(tmp, config_path)
+
+
+def _as_learned(run_dir: Path, agent_cfg):
+    """``agent_cfg`` with its learner's settings left to the env's default (None) as the run in
+    ``run_dir`` learned with them (its config.json, ``settings.learned_with``): a default that moved
+    since does not change what a resumed run learns with. A run dir without a readable config.json
+    is ``prepare_run_dir``'s to refuse."""
+    try:
+        data = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return agent_cfg
+    if not isinstance(data, dict) or (data.get("agent") or {}).get("algo", "a2c") != agent_cfg.algo:
+        return agent_cfg
+    try:
+        learned = learned_with(data)
+    except ValueError as err:
+        raise RunError(f"cannot resume: {run_dir / 'config.json'}: {err}") from None
+    section = getattr(agent_cfg, agent_cfg.algo)
+    unset = {f.name: learned[f.name] for f in fields(section) if getattr(section, f.name) is None and f.name in learned}
+    return replace(agent_cfg, **{agent_cfg.algo: replace(section, **unset)})
 
 
 def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None, tuple | None]:
@@ -696,12 +716,13 @@ def run(
     run_dir = Path(run_dir)
     listener = _listen(metrics_port) if topo is not None and metrics_port is not None else None
     earlier = _earlier_summary(run_dir) if resume else {}
+    asked, agent_cfg = agent_cfg, _as_learned(run_dir, agent_cfg) if resume else agent_cfg
     prepare_run_dir(
         run_dir,
         resume,
         {
             "swarm": asdict(swarm),
-            "agent": asdict(agent_cfg),
+            "agent": asdict(asked),
             "topology": topo.to_dict() if topo else None,
             RECORDS_LEARNER: {agent_cfg.algo: asdict(getattr(resolved(agent_cfg), agent_cfg.algo))},
         },

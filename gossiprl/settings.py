@@ -13,6 +13,7 @@ its ``--help`` and its key in a config file are made from them (``gossiprl.confi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from .comms.dataplane import PLANES
 from .comms.settings import GOSSIP_TIMEOUT_S, KEY_FILE, BrokerConfig, ClientConfig
 from .comms.turnlocks import MODES
 from .comms.wire import CODECS
-from .rl.settings import AgentConfig
+from .rl.settings import AgentConfig, meant_then
 
 __all__ = ["AgentConfig", "BrokerConfig", "ClientConfig", "SwarmConfig", "make_topology"]
 
@@ -36,11 +37,28 @@ OUT_FILE = {"dir_okay": False}
 
 
 RECORDS_LEARNER = "learned_with"
-"""A run's config.json's record of its learner's settings as its agents resolved them for its env:
-what a resumed run keeps where its "agent" section leaves a setting to the env's default (None),
-which may have moved since. A new run taking the file as --config gets its own env's defaults."""
+"""A run's config.json's record of its learner's settings as its agents resolved them for its env.
+Its "agent" section keeps what was asked, None for "the env's default", which may move; a resumed run
+keeps what the record says for those (``learned_with``), and a new run given the file as --config
+takes its own env's defaults."""
 RECORDS = ("topology", RECORDS_LEARNER)
 """Top-level entries of a run's config.json that record what the run was, and set nothing."""
+
+
+def learned_with(data: Mapping) -> dict:
+    """What a run's config.json says its learner learned with, for the settings its "agent" section
+    leaves to the env's default (None): its ``RECORDS_LEARNER`` record or, for a run recorded before
+    that record, what those settings stood for then (``rl.settings.meant_then``). ValueError names a
+    record that is not one."""
+    agent = data.get("agent") or {}
+    algo = agent.get("algo") or "a2c"
+    record = data.get(RECORDS_LEARNER)
+    if record is not None:
+        if not isinstance(record, Mapping) or not isinstance(record.get(algo), Mapping):
+            raise ValueError(f"its {RECORDS_LEARNER!r} holds no record of {algo}'s settings")
+        return dict(record[algo])
+    section = agent.get(algo)
+    return meant_then(algo, str(agent.get("env_id", "")), section) if isinstance(section, Mapping) else {}
 
 
 def return_target(value) -> float | str | None:

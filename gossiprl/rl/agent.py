@@ -27,10 +27,9 @@ import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from gossiprl.rl.envs import is_minatar
 from gossiprl.rl.learners import LEARNERS, resolved
 from gossiprl.rl.models import flatten_parameters, make_model
-from gossiprl.rl.settings import PREVIOUS_MINATAR_LR, AgentConfig, thread_plan
+from gossiprl.rl.settings import AgentConfig, meant_then, thread_plan
 
 log = logging.getLogger("gossiprl.rl.agent")
 
@@ -227,7 +226,7 @@ def resume_checkpoint(checkpoint_path: Path, cfg: AgentConfig) -> dict:
     if changed:
         raise CheckpointError(
             f"{checkpoint_path} was trained with {', '.join(changed)}: a resumed run keeps what it "
-            "learns with; resume with those settings (is config.json edited?) or use another --run-dir"
+            "learns with; resume with those settings (given as flags; is config.json edited?) or use another --run-dir"
         )
     return checkpoint
 
@@ -534,16 +533,15 @@ class MetricsLog:
 
 
 def _as_learned(saved: Mapping) -> Mapping:
-    """A checkpoint's config with its learner's unset settings (None) read as what they meant when it
-    was written: the env's defaults then, which are today's but for MinAtar's A2C rate (1.4e-3 then).
-    Checkpoints record resolved settings since that rate moved, so an unset one is always older."""
+    """A checkpoint's config with its learner's unset settings (None) read as what they stood for when
+    it was written: the env's defaults then (``meant_then`` where they have moved since, today's
+    elsewhere). Checkpoints record resolved settings since MinAtar's A2C rate moved, so an unset one
+    is always older."""
     algo, env_id = saved.get("algo", "a2c"), str(saved.get("env_id", ""))
     section = saved.get(algo)
     if algo not in LEARNERS or not isinstance(section, Mapping):
         return saved
-    section = dict(section)
-    if algo == "a2c" and section.get("lr", 0) is None and is_minatar(env_id):
-        section["lr"] = PREVIOUS_MINATAR_LR
+    section = {**section, **meant_then(algo, env_id, section)}
     cls = type(getattr(AgentConfig(), algo))
     known = {f.name for f in fields(cls)}
     try:

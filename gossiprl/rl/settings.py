@@ -15,6 +15,7 @@ spelt the same in both.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,11 +46,27 @@ that rate on both Breakout and SpaceInvaders, on seeds fixed before the test ran
 (experiments.lr_confirm), and far above a ring at 2x; one agent at 4x scored above 2x on Breakout
 and could not be told from it on SpaceInvaders. Measured for 1 and 4 agents only
 (docs/swarm-learning.md). Runs recorded before this default (2026-11-28) learned at 2x with an
-unset rate, and resume so (``gossiprl.config.as_learned``; a checkpoint: ``rl.agent``)."""
+unset rate, and `gossiprl run --resume` keeps it (``gossiprl.settings.learned_with``); a lone
+`gossiprl agent --resume` is refused without ``--lr 0.0014``, and says so."""
 
 PREVIOUS_MINATAR_LR = 2 * ATARI_LR
 """MinAtar's default from 2026-11-27 until MINATAR_LR: what an A2C run recorded then with an unset
 rate learned at, which its resume keeps. Runs record the settings they learn with since."""
+
+
+def meant_then(algo: str, env_id: str, section: Mapping) -> dict:
+    """What the unset (None) settings of a learner section recorded before runs recorded what they
+    learned with stood for, where the env's default has moved since: MinAtar's A2C rate was
+    PREVIOUS_MINATAR_LR; IMPALA's control-task batch was 2 unrolls (of 20 steps, then set outright)
+    before it took 4 of 5 steps. Every other unset setting stood for the env's default, then as now.
+    Read from the env's id alone (rl.envs' tests), so the config layer can ask without the RL stack."""
+    minatar = env_id.startswith("MinAtar/")
+    games = minatar or env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
+    if algo == "a2c" and minatar and section.get("lr", 0) is None:
+        return {"lr": PREVIOUS_MINATAR_LR}
+    if algo == "impala" and not games and section.get("batch_size", 0) is None and section.get("n_steps") == 20:
+        return {"batch_size": 2}
+    return {}
 
 
 @dataclass

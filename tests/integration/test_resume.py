@@ -34,6 +34,7 @@ def test_resume_extends_the_budget_records_it_and_counts_every_sessions_time(tmp
     assert second["frames"] == 8000 and second["agents"] == 2 and second["stopped_by"] == "total frames"
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["swarm"]["total_frames"] == 8000 and saved["agent"]["total_frames"] == 4000
+    assert saved["agent"]["a2c"]["lr"] is None and saved["learned_with"] == recorded["learned_with"]  # still asks
     assert second["wall_seconds"] == pytest.approx(first["wall_seconds"] + second["session_wall_seconds"])
     assert [a["frames"] for a in second["per_agent"].values()] == [4000, 4000]
     assert second["fps"] == pytest.approx(4000 / second["session_wall_seconds"])  # the frames this session trained

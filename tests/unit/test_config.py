@@ -317,52 +317,83 @@ def test_a_config_json_from_before_shared_init_resumes_with_what_it_learned_with
     assert (fresh.shared_init, fresh.gossip_overlap, fresh.a2c.entropy_coef) == (True, False, None)
 
 
-def test_an_a2c_run_recorded_with_an_unset_minatar_rate_resumes_at_the_rate_it_learned_at(tmp_path, recorded):
-    """Runs record their resolved rate since MinAtar's default moved to 2.8e-3; an A2C run recorded
-    before, with its rate unset, learned at the previous default (1.4e-3) and resumes at it. A PPO
-    run's A2C section and a run off MinAtar keep the unset rate."""
-    from gossiprl.rl.settings import MINATAR_LR, PREVIOUS_MINATAR_LR
+def _old_dump(run_dir, env, algo="a2c", **learned_with):
+    """A run's config.json as gossiprl wrote it before it recorded what its learner learned with
+    (or with that record, given)."""
+    run_dir.mkdir()
+    data = {
+        "swarm": asdict(SwarmConfig(agents=1)),
+        "agent": asdict(AgentConfig(env_id=env, total_frames=1500, algo=algo)),
+    }
+    if learned_with:
+        data["learned_with"] = learned_with
+    (run_dir / "config.json").write_text(json.dumps(data))
+    return run_dir
 
-    assert PREVIOUS_MINATAR_LR != MINATAR_LR
-    for name, env, algo, lr in [
-        ("a2c", "MinAtar/Breakout-v1", "a2c", PREVIOUS_MINATAR_LR),
-        ("ppo", "MinAtar/Breakout-v1", "ppo", None),
-        ("cartpole", "CartPole-v1", "a2c", None),
-    ]:
-        run_dir = tmp_path / name
-        run_dir.mkdir()
-        agent = asdict(AgentConfig(env_id=env, total_frames=1500, algo=algo))
-        assert agent["a2c"]["lr"] is None
-        (run_dir / "config.json").write_text(json.dumps({"swarm": asdict(SwarmConfig(agents=1)), "agent": agent}))
-        result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
+
+@pytest.mark.parametrize(
+    "env, algo, learned",
+    [("MinAtar/Breakout-v1", "a2c", {"lr": 1.4e-3}), ("MinAtar/Breakout-v1", "ppo", {}), ("CartPole-v1", "a2c", {})],
+)
+def test_what_a_run_recorded_before_the_learned_with_record_learned_with(tmp_path, env, algo, learned):
+    """MinAtar's A2C rate moved from 1.4e-3 to 2.8e-3. A run recorded before config.json said what it
+    learned with, A2C on MinAtar with its rate unset, learned at 1.4e-3: its resume keeps it; a PPO run's
+    A2C section and a run off MinAtar stood for the env's defaults, then as now."""
+    run_dir = _old_dump(tmp_path / "run", env, algo)
+    cfg = AgentConfig(env_id=env, algo=algo)
+    section = getattr(launch._as_learned(run_dir, cfg), algo)
+    assert {k: v for k, v in asdict(section).items() if v != getattr(getattr(cfg, algo), k)} == learned
+
+
+def test_what_unset_settings_stood_for_where_a_default_has_moved_since():
+    """MinAtar's A2C rate (1.4e-3 until it moved to 2.8e-3) and IMPALA's control-task batch (2 unrolls of
+    20 steps, set outright then, until 4 of 5): what a record from before says, read by the env's id."""
+    from gossiprl.rl.settings import PREVIOUS_MINATAR_LR, meant_then
+
+    assert meant_then("a2c", "MinAtar/Breakout-v1", {"lr": None}) == {"lr": PREVIOUS_MINATAR_LR}
+    assert (
+        meant_then("a2c", "MinAtar/Breakout-v1", {"lr": 1e-3}) == meant_then("a2c", "CartPole-v1", {"lr": None}) == {}
+    )
+    assert meant_then("impala", "CartPole-v1", {"n_steps": 20, "batch_size": None}) == {"batch_size": 2}
+    assert meant_then("impala", "MinAtar/Breakout-v1", {"n_steps": 20, "batch_size": None}) == {}
+    assert meant_then("impala", "CartPole-v1", {"n_steps": None, "batch_size": None}) == {}
+
+
+def test_a_resume_is_checked_against_what_the_run_learned_with_and_keeps_the_env_default_asked(tmp_path, recorded):
+    """The flags of a resume are checked against the settings the run learned with, not the None its
+    agent section keeps for "the env's default"; the values passed on keep that None, which the
+    launcher reads as the run learned with (so config.json keeps asking for the env's default)."""
+    run_dir = _old_dump(tmp_path / "run", "MinAtar/Breakout-v1")
+    refused = invoke("run", "--run-dir", run_dir, "--resume", "--lr", 0.0028, "--no-progress")
+    assert refused.exit_code == 1 and "--lr 0.0028 conflicts with the run's lr=0.0014" in refused.output
+    for flags in ([], ["--lr", 0.0014]):
+        result = invoke("run", "--run-dir", run_dir, "--resume", *flags, "--no-progress")
         assert result.exit_code == 1 and "recorded" in result.output, result.output
-        (_, agent_cfg, _), _ = recorded[-1]
-        assert (name, agent_cfg.a2c.lr) == (name, lr)
-    invoke("run", "--env", "MinAtar/Breakout-v1", "--run-dir", tmp_path / "new", "--no-progress")
-    (_, fresh, _), _ = recorded[-1]
-    assert fresh.a2c.lr is None  # a new run takes today's default
-    invoke("run", "--config", tmp_path / "a2c" / "config.json", "--env", "CartPole-v1", "--run-dir", tmp_path / "cp")
-    (_, other_env, _), _ = recorded[-1]
-    assert (other_env.env_id, other_env.a2c.lr) == ("CartPole-v1", None)  # as a template: its env's default
+        (_, agent_cfg, _), kwargs = recorded[-1]
+        assert kwargs["resume"] and agent_cfg.a2c.lr == (0.0014 if flags else None)
 
 
 def test_a_resumed_run_keeps_the_settings_it_recorded_learning_with_and_a_new_one_takes_its_envs(tmp_path, recorded):
     """config.json's agent section leaves a setting to the env's default (None) and records beside it
     what that was for the run ("learned_with"): a resume keeps that, whatever the default is by then;
-    a new run given the file as --config, on another env, takes that env's defaults."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    agent = asdict(AgentConfig(env_id="MinAtar/Breakout-v1", total_frames=1500))
-    learned = {**agent["a2c"], "lr": 0.005, "entropy_coef": 0.02, "clip_rewards": False}
-    data = {"swarm": asdict(SwarmConfig(agents=1)), "agent": agent, "learned_with": {"a2c": learned}}
-    (run_dir / "config.json").write_text(json.dumps(data))
-    result = invoke("run", "--run-dir", run_dir, "--resume", "--no-progress")
-    assert result.exit_code == 1 and "recorded" in result.output, result.output
-    (_, resumed, _), _ = recorded[-1]
-    assert (resumed.a2c.lr, resumed.a2c.entropy_coef, resumed.a2c.clip_rewards) == (0.005, 0.02, False)
+    a new run given the file as --config, on another env, takes that env's defaults. A record that is
+    none is refused in one line."""
+    learned = {**asdict(A2CConfig()), "lr": 0.005, "entropy_coef": 0.02, "clip_rewards": False}
+    run_dir = _old_dump(tmp_path / "run", "MinAtar/Breakout-v1", a2c=learned)
+    resumed = launch._as_learned(run_dir, AgentConfig(env_id="MinAtar/Breakout-v1")).a2c
+    assert (resumed.lr, resumed.entropy_coef, resumed.clip_rewards) == (0.005, 0.02, False)
+    given = launch._as_learned(run_dir, AgentConfig(env_id="MinAtar/Breakout-v1", a2c=A2CConfig(lr=0.001))).a2c
+    assert (given.lr, given.entropy_coef) == (0.001, 0.02)  # a setting given is the resume's, and was checked
     invoke("run", "--config", run_dir / "config.json", "--env", "CartPole-v1", "--run-dir", tmp_path / "new")
-    (_, fresh, _), _ = recorded[-1]
-    assert (fresh.env_id, fresh.a2c.lr, fresh.a2c.entropy_coef) == ("CartPole-v1", None, None)
+    (_, fresh, _), kwargs = recorded[-1]
+    assert (fresh.env_id, fresh.a2c.lr, fresh.a2c.entropy_coef, kwargs["resume"]) == ("CartPole-v1", None, None, False)
+    broken = _old_dump(tmp_path / "broken", "MinAtar/Breakout-v1", a2c="oops")
+    with pytest.raises(
+        launch.RunError, match="cannot resume: .*config.json: its 'learned_with' holds no record of a2c"
+    ):
+        launch._as_learned(broken, AgentConfig(env_id="MinAtar/Breakout-v1"))
+    result = invoke("run", "--run-dir", broken, "--resume", "--no-progress")
+    assert result.exit_code == 1 and "holds no record of a2c's settings" in result.output, result.output
 
 
 def test_a_ppo_run_from_before_minatars_a2c_rate_resumes(tmp_path, recorded):
