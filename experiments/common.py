@@ -282,8 +282,9 @@ def shared_row(cell: Cell, shared: Path, fingerprint: str) -> dict | None:
     if not path.exists():
         return None
     row = read_record(path)
-    if cell.plane is None and row.get("data_plane") != ran_swarm(cell).data_plane:
-        return None
+    swarm = ran_swarm(cell)
+    if cell.plane is None and swarm.gossips and (row.get("data_plane") or "broker") != swarm.data_plane:
+        return None  # a row from before planes were recorded ran through the broker
     return {**row, "setting": cell.setting, **cell.labels}
 
 

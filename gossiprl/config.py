@@ -546,7 +546,10 @@ def resume_values(ctx: click.Context, settings: Settings, run_dir: Path | None, 
         raise click.ClickException(f"cannot resume: {run_dir} holds no run (no config.json)")
     data = load_file(path)
     saved = settings.read(ctx, data, str(path))
-    learned = settings.read(ctx, _as_learned(data, path), str(path))
+    try:
+        learned = settings.read(ctx, _as_learned(data, path), str(path))
+    except click.BadParameter as err:  # the agent section read above: the record's value is the bad one
+        raise click.ClickException(f"cannot resume: {path}'s learned_with: {err.format_message()}") from None
     conflicts, given = [], settings.given(ctx)
     for name, setting in settings.by_name.items():
         if (
@@ -561,4 +564,6 @@ def resume_values(ctx: click.Context, settings: Settings, run_dir: Path | None, 
         raise click.ClickException(
             f"cannot resume {run_dir}: {', '.join(conflicts)} (config.json); drop {flags} or start a new --run-dir"
         )
-    return settings.resolve(ctx, saved)
+    values = settings.resolve(ctx, saved)
+    # a flag repeating what an unset setting learned with leaves it asking for the env's default
+    return {k: None if saved.get(k, 0) is None and k in given and v == learned.get(k) else v for k, v in values.items()}

@@ -147,14 +147,20 @@ def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
         if not config_path.exists():
             raise RunError(f"cannot resume: {run_dir} holds no run (no config.json)")
         try:
-            trained_on = json.loads(config_path.read_text())["agent"]["env_id"]
-        except (ValueError, KeyError, TypeError, OSError) as err:
+            earlier = json.loads(config_path.read_text())["agent"]
+            trained_on, trained_by = earlier["env_id"], earlier.get("algo") or "a2c"
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as err:
             raise RunError(f"cannot resume: {config_path} is unreadable ({type(err).__name__}: {err})") from None
         asked = config["agent"]["env_id"]
         if trained_on != asked:
             raise RunError(
                 f"cannot resume: {run_dir} was trained on {trained_on}, this run asks for {asked}; "
                 f"resume with --env {trained_on} or choose another --run-dir"
+            )
+        if trained_by != config["agent"]["algo"]:
+            raise RunError(
+                f"cannot resume: {run_dir} was trained by {trained_by}, this run asks for {config['agent']['algo']}; "
+                f"resume with --algo {trained_by} or choose another --run-dir"
             )
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise RunError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
@@ -173,7 +179,9 @@ def _as_learned(run_dir: Path, agent_cfg):
         data = json.loads((run_dir / "config.json").read_text())
     except (OSError, ValueError):
         return agent_cfg
-    if not isinstance(data, dict) or (data.get("agent") or {}).get("algo", "a2c") != agent_cfg.algo:
+    if not isinstance(data, dict) or not isinstance(data.get("agent"), dict):
+        return agent_cfg
+    if (data["agent"].get("algo") or "a2c") != agent_cfg.algo:
         return agent_cfg
     try:
         learned = learned_with(data)

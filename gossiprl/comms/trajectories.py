@@ -540,17 +540,18 @@ class LearnerEnd:
             del books[identity]
         self._owing.pop(identity, None)
         self._benched.discard(identity)
-        if failed:
-            self.failed += 1
-        else:
-            self.left += 1
+        # said before it is counted: whoever waits on the count (the learner's stats) then reads why
         log.warning(
             "actor-%d %s: dropped, its seat and %d credit(s) freed (%d actors from elsewhere gone so far)",
             actor,
             why,
             credits,
-            self.left + self.failed,
+            self.left + self.failed + 1,
         )
+        if failed:
+            self.failed += 1
+        else:
+            self.left += 1
         if not self._actors:  # no actor at all (--actors-per-agent 0): the learner can only wait
             log.warning("no actor left: waiting for the next to join %s", self.endpoint)
 

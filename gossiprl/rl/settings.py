@@ -57,15 +57,14 @@ rate learned at, which its resume keeps. Runs record the settings they learn wit
 def meant_then(algo: str, env_id: str, section: Mapping) -> dict:
     """What the unset (None) settings of a learner section recorded before runs recorded what they
     learned with stood for, where the env's default has moved since: MinAtar's A2C rate was
-    PREVIOUS_MINATAR_LR; IMPALA's control-task batch was 2 unrolls (of 20 steps, then set outright)
-    before it took 4 of 5 steps. Every other unset setting stood for the env's default, then as now.
-    Read from the env's id alone (rl.envs' tests), so the config layer can ask without the RL stack."""
-    minatar = env_id.startswith("MinAtar/")
-    games = minatar or env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
-    if algo == "a2c" and minatar and section.get("lr", 0) is None:
+    PREVIOUS_MINATAR_LR (an unset rate there dates from then: before, records held 7e-4). Every other
+    unset setting is read as the env's default today. That is what it stood for but in one case no
+    record tells apart: IMPALA on a control task took batches of 2 unrolls before 4 of 5 steps, when
+    its records set 20 steps outright and left the batch unset, as does a later run given
+    --n-steps 20; such an older run resumes at today's batch, as it did before runs recorded theirs.
+    Read from the env's id alone (rl.envs' test), so the config layer can ask without the RL stack."""
+    if algo == "a2c" and env_id.startswith("MinAtar/") and section.get("lr", 0) is None:
         return {"lr": PREVIOUS_MINATAR_LR}
-    if algo == "impala" and not games and section.get("batch_size", 0) is None and section.get("n_steps") == 20:
-        return {"batch_size": 2}
     return {}
 
 

@@ -346,23 +346,24 @@ def test_what_a_run_recorded_before_the_learned_with_record_learned_with(tmp_pat
 
 
 def test_what_unset_settings_stood_for_where_a_default_has_moved_since():
-    """MinAtar's A2C rate (1.4e-3 until it moved to 2.8e-3) and IMPALA's control-task batch (2 unrolls of
-    20 steps, set outright then, until 4 of 5): what a record from before says, read by the env's id."""
+    """MinAtar's A2C rate was 1.4e-3 until it moved to 2.8e-3: what a record from before says, read by
+    the env's id."""
     from gossiprl.rl.settings import PREVIOUS_MINATAR_LR, meant_then
 
     assert meant_then("a2c", "MinAtar/Breakout-v1", {"lr": None}) == {"lr": PREVIOUS_MINATAR_LR}
     assert (
         meant_then("a2c", "MinAtar/Breakout-v1", {"lr": 1e-3}) == meant_then("a2c", "CartPole-v1", {"lr": None}) == {}
     )
-    assert meant_then("impala", "CartPole-v1", {"n_steps": 20, "batch_size": None}) == {"batch_size": 2}
-    assert meant_then("impala", "MinAtar/Breakout-v1", {"n_steps": 20, "batch_size": None}) == {}
-    assert meant_then("impala", "CartPole-v1", {"n_steps": None, "batch_size": None}) == {}
+    # no record tells an IMPALA control-task run of 20-step unrolls in batches of 2 from a later one given
+    # --n-steps 20 (batches of 4): read as today's
+    assert meant_then("impala", "CartPole-v1", {"n_steps": 20, "batch_size": None}) == {}
 
 
 def test_a_resume_is_checked_against_what_the_run_learned_with_and_keeps_the_env_default_asked(tmp_path, recorded):
     """The flags of a resume are checked against the settings the run learned with, not the None its
-    agent section keeps for "the env's default"; the values passed on keep that None, which the
-    launcher reads as the run learned with (so config.json keeps asking for the env's default)."""
+    agent section keeps for "the env's default"; the values passed on keep that None, a flag repeating
+    the learned value too, and the launcher reads it as the run learned with (so config.json keeps
+    asking for the env's default)."""
     run_dir = _old_dump(tmp_path / "run", "MinAtar/Breakout-v1")
     refused = invoke("run", "--run-dir", run_dir, "--resume", "--lr", 0.0028, "--no-progress")
     assert refused.exit_code == 1 and "--lr 0.0028 conflicts with the run's lr=0.0014" in refused.output
@@ -370,7 +371,7 @@ def test_a_resume_is_checked_against_what_the_run_learned_with_and_keeps_the_env
         result = invoke("run", "--run-dir", run_dir, "--resume", *flags, "--no-progress")
         assert result.exit_code == 1 and "recorded" in result.output, result.output
         (_, agent_cfg, _), kwargs = recorded[-1]
-        assert kwargs["resume"] and agent_cfg.a2c.lr == (0.0014 if flags else None)
+        assert kwargs["resume"] and agent_cfg.a2c.lr is None
 
 
 def test_a_resumed_run_keeps_the_settings_it_recorded_learning_with_and_a_new_one_takes_its_envs(tmp_path, recorded):

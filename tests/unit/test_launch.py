@@ -98,6 +98,27 @@ def test_the_python_api_refuses_actor_settings_before_anything_starts(tmp_path, 
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("earlier", [{"env_id": "CartPole-v1", "algo": "a2c"}, {"env_id": "CartPole-v1"}, "oops"])
+def test_a_resume_that_would_learn_with_another_algo_is_refused_before_config_json_is_rewritten(tmp_path, earlier):
+    """The Python API takes any algo: a resume by PPO of an A2C run rewrote config.json as a PPO run
+    (losing its A2C record) before every agent refused its checkpoint. A run from before --algo was A2C;
+    an agent section that is none is refused in one line, as an unreadable file."""
+    import json
+    from dataclasses import asdict
+
+    from gossiprl.rl.settings import AgentConfig
+
+    (tmp_path / "config.json").write_text(json.dumps({"agent": earlier}))
+    before = (tmp_path / "config.json").read_text()
+    config = {"agent": asdict(AgentConfig(env_id="CartPole-v1", algo="ppo"))}
+    words = "unreadable" if earlier == "oops" else "was trained by a2c, this run asks for ppo; resume with --algo a2c"
+    with pytest.raises(launch.RunError, match=words):
+        launch.prepare_run_dir(tmp_path, True, config)
+    assert (tmp_path / "config.json").read_text() == before
+    if earlier != "oops":
+        launch.prepare_run_dir(tmp_path, True, {"agent": {**config["agent"], "algo": "a2c"}})
+
+
 def test_topology_none_is_a_swarm_without_gossip_and_none_alone_is_a_ring():
     from gossiprl.settings import NO_GOSSIP, SwarmConfig
 

@@ -242,8 +242,9 @@ def test_a_cell_that_keeps_its_plane_is_not_given_a_run_made_on_another(tmp_path
     ring = Cell("ring", 1, 4, 4_000_000, SwarmConfig(agents=4, topology="ring"))
     as_declared = replace(ring, setting="one host", plane=None)
     fingerprint = cell_fingerprint(ring, "MinAtar/Breakout-v1", 10)
-    for plane, reused in ((PLANE, ("ring",)), ("broker", ("ring", "one host"))):
-        (tmp_path / f"{fingerprint}.json").write_text(json.dumps({"data_plane": plane, "agents_mean": 1.0}))
+    for plane, reused in ((PLANE, ("ring",)), ("broker", ("ring", "one host")), (None, ("ring", "one host"))):
+        row = {"agents_mean": 1.0} if plane is None else {"data_plane": plane, "agents_mean": 1.0}  # None: unrecorded
+        (tmp_path / f"{fingerprint}.json").write_text(json.dumps(row))
         cells = (ring, as_declared)
         rows = {c.setting: shared_row(c, tmp_path, fingerprint) for c in cells}
         assert tuple(setting for setting, row in rows.items() if row is not None) == reused, plane
