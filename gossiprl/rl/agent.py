@@ -101,13 +101,13 @@ def train(
     checkpoint's counters), ``wall_seconds`` and ``fps`` only this one; the rollout source's stats
     (IMPALA's 'impala/policy_lag_mean' ...) are averaged over this session's updates.
     """
-    cfg = resolved(cfg)  # its config.json and checkpoints record the rate it learns at, not "the default"
     agent_dir = Path(run_dir) / f"agent-{rank}"
     agent_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_path = agent_dir / "checkpoint.pt"
     checkpoint = None
     if resume and (checkpoint_path.exists() or gossip is None):
-        checkpoint = resume_checkpoint(checkpoint_path, cfg)
+        checkpoint, cfg = resume_checkpoint(checkpoint_path, cfg)
+    cfg = resolved(cfg)  # its config.json and checkpoints record the rate it learns at, not "the default"
     tally = Tally.resumed(checkpoint)
     (agent_dir / "config.json").write_text(json.dumps({"rank": rank, **asdict(cfg)}, indent=2, default=str))
     a = _Agent.build(cfg, rank, gossip, checkpoint, tally.updates)
@@ -208,9 +208,11 @@ def _adopt(gossip: GossipHook, flat_params: torch.Tensor, rank: int, agent_dir: 
     print(f"agent-{rank}: no checkpoint in {agent_dir}; {outcome}", flush=True)
 
 
-def resume_checkpoint(checkpoint_path: Path, cfg: AgentConfig) -> dict:
+def resume_checkpoint(checkpoint_path: Path, cfg: AgentConfig) -> tuple[dict, AgentConfig]:
     """The checkpoint a resumed agent goes on from, refused if it learned on another env, with
-    another learner, or with settings a resume must keep."""
+    another learner, or with settings a resume must keep; and ``cfg`` with the learner settings it
+    leaves to the env's default (None) as the checkpoint learned with them, which a default that
+    moved since does not change (a lone `gossiprl agent --resume` has no config.json to say)."""
     checkpoint = load_checkpoint(checkpoint_path)
     if checkpoint["config"].get("env_id") != cfg.env_id:
         raise CheckpointError(
@@ -222,13 +224,18 @@ def resume_checkpoint(checkpoint_path: Path, cfg: AgentConfig) -> dict:
             f"{checkpoint_path} was trained by {checkpoint['config'].get('algo', 'a2c')}, this run asks "
             f"for {cfg.algo}: resume with that --algo or use another --run-dir"
         )
-    changed = changed_on_resume(_as_learned(checkpoint["config"]), cfg)
+    learned = _as_learned(checkpoint["config"])
+    section, recorded = getattr(cfg, cfg.algo), learned.get(cfg.algo)
+    if isinstance(recorded, Mapping):
+        unset = {f.name: recorded.get(f.name) for f in fields(section) if getattr(section, f.name) is None}
+        cfg = replace(cfg, **{cfg.algo: replace(section, **{k: v for k, v in unset.items() if v is not None})})
+    changed = changed_on_resume(learned, cfg)
     if changed:
         raise CheckpointError(
             f"{checkpoint_path} was trained with {', '.join(changed)}: a resumed run keeps what it "
             "learns with; resume with those settings (given as flags; is config.json edited?) or use another --run-dir"
         )
-    return checkpoint
+    return checkpoint, cfg
 
 
 @dataclass

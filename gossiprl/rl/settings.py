@@ -46,8 +46,8 @@ that rate on both Breakout and SpaceInvaders, on seeds fixed before the test ran
 (experiments.lr_confirm), and far above a ring at 2x; one agent at 4x scored above 2x on Breakout
 and could not be told from it on SpaceInvaders. Measured for 1 and 4 agents only
 (docs/swarm-learning.md). Runs recorded before this default (2026-11-28) learned at 2x with an
-unset rate, and `gossiprl run --resume` keeps it (``gossiprl.settings.learned_with``); a lone
-`gossiprl agent --resume` is refused without ``--lr 0.0014``, and says so."""
+unset rate, and a resume keeps it (``gossiprl.settings.learned_with``; a lone `gossiprl agent
+--resume`: its checkpoint, ``rl.agent.resume_checkpoint``)."""
 
 PREVIOUS_MINATAR_LR = 2 * ATARI_LR
 """MinAtar's default from 2026-11-27 until MINATAR_LR: what an A2C run recorded then with an unset

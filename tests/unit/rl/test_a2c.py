@@ -508,8 +508,9 @@ def test_resuming_with_another_env_is_refused_naming_both(tmp_path):
 def test_a_checkpoint_records_what_it_learns_with_and_an_older_unset_one_resumes(tmp_path, env):
     """A checkpoint records its learner's resolved settings, so a later move of the env's defaults
     leaves a resumed run be. One written before, its env-dependent settings unset (None), learned at
-    the env's defaults then: today's, but for MinAtar's rate, 1.4e-3 then. On MinAtar, resuming it at
-    today's rate is refused, naming the rate, and at its own goes on; elsewhere it goes on as it is."""
+    the env's defaults then: today's, but for MinAtar's rate, 1.4e-3 then. An agent resumed with those
+    settings left to the env goes on with the checkpoint's (a lone `gossiprl agent --resume` has no
+    config.json to say them); one given another rate is refused, naming the rate."""
     import json
     from dataclasses import asdict
 
@@ -522,16 +523,18 @@ def test_a_checkpoint_records_what_it_learns_with_and_an_older_unset_one_resumes
     path = tmp_path / "agent-0" / "checkpoint.pt"
     state = agent.load_checkpoint(path)
     today = asdict(resolve_defaults(cfg.a2c, env))
-    assert state["config"]["a2c"] == today == json.loads((tmp_path / "agent-0" / "config.json").read_text())["a2c"]
+    recorded = tmp_path / "agent-0" / "config.json"
+    assert state["config"]["a2c"] == today == json.loads(recorded.read_text())["a2c"]
     state["config"]["a2c"].update(lr=None, entropy_coef=None, clip_rewards=None)  # as checkpoints were written
     agent.save_checkpoint(path, {k: v for k, v in state.items() if k != "sha256"})
-    longer = replace(cfg, total_frames=80)
+    then = PREVIOUS_MINATAR_LR if env.startswith("MinAtar/") else today["lr"]
     if env.startswith("MinAtar/"):
-        only_the_rate = f"with a2c.lr={PREVIOUS_MINATAR_LR!r} \\(now {today['lr']!r}\\): "
+        only_the_rate = f"with a2c.lr={then!r} \\(now {today['lr']!r}\\): "
         with pytest.raises(agent.CheckpointError, match=only_the_rate):
-            agent.train(longer, tmp_path, rank=0, resume=True)
-        longer = replace(longer, a2c=A2CConfig(num_envs=4, lr=PREVIOUS_MINATAR_LR))
-    assert agent.train(longer, tmp_path, rank=0, resume=True)["updates"] == 4
+            agent.train(replace(cfg, a2c=A2CConfig(num_envs=4, lr=today["lr"])), tmp_path, rank=0, resume=True)
+    assert agent.train(replace(cfg, total_frames=80), tmp_path, rank=0, resume=True)["updates"] == 4
+    resumed_with = {**today, "lr": then}
+    assert json.loads(recorded.read_text())["a2c"] == agent.load_checkpoint(path)["config"]["a2c"] == resumed_with
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
