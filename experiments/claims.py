@@ -81,8 +81,8 @@ CLAIMS = {
         "ring of 4, entropy 0.01, shared init, blocking",
         ("1 agent, entropy 0.01",),
         "frames",
-        "per agent step is equal frames per agent; the ring is `gossiprl run`'s defaults of its day (lr 1.4e-3), the "
-        "agent its control",
+        "per agent step is equal frames per agent; the ring has `gossiprl run`'s entropy bonus and one initial "
+        "network, at A2C's Atari rate (7e-4) as every arm of this study; the agent is its control",
     ),
     "swarm_vs_one": Claim(
         "GALA and PALA (PALA Fig. 6, Table 1)",

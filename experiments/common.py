@@ -46,7 +46,6 @@ from gossiprl.rl.agent import AgentConfig, CheckpointError, load_checkpoint
 from gossiprl.rl.consensus import evaluate_consensus
 from gossiprl.rl.envs import is_minatar
 from gossiprl.rl.learners import LEARNERS
-from gossiprl.rl.settings import PREVIOUS_MINATAR_LR
 
 QUICK_ENV = "CartPole-v1"
 REAL_ENV = "MinAtar/Breakout-v1"
@@ -55,11 +54,11 @@ CURVE_ROWS = 40
 CHECKPOINTS = 10
 """Checkpoints each agent of a cell writes over its budget: what a study stopped mid-cell goes on from."""
 
-STUDY_MINATAR_LR = PREVIOUS_MINATAR_LR
+STUDY_MINATAR_LR = 2 * ATARI_LR
 """The A2C rate a study's cell runs at on MinAtar when it names none: 1.4e-3, MinAtar's default when
-the studies were planned and their cells run. A study compares its arms at one rate, so the default's
-move to 2.8e-3 (where lr_confirm found a ring of 4 ahead of one agent) leaves their cells as they
-are; lr_sweep and lr_confirm name their rates."""
+the studies' plans were made (2026-11-27), and the rate of every cell those plans hold. A study
+compares its arms at one rate, so the default's move to 2.8e-3 (where lr_confirm found a ring of 4
+ahead of one agent) leaves their cells as they are; lr_sweep and lr_confirm name their rates."""
 
 LOOP_VERSION = 4
 """The agent loop's defaults cells were run under: 2 since the MinAtar entropy bonus, the shared

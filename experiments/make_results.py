@@ -172,7 +172,8 @@ def study_section(folder: str, results: Path) -> list[str]:
     stale = list(dict.fromkeys(r["setting"] for r in rows if cell_key(r["setting"], r["seed"]) in older))
     missing = [f"{c.setting} seed {c.seed}" for c in cells if not (out / "cells" / f"{c.key}.json").exists()]
     title = meta["title"] if folder == name else f"{meta['title']}: {meta['env']}"
-    lines = [f"## {title}", "", f"**Question.** {meta['question'][0].upper()}{meta['question'][1:]}", ""]
+    question = module.STUDY.question  # the study's as it is now (its plan is), not as its study.json last ran
+    lines = [f"## {title}", "", f"**Question.** {question[0].upper()}{question[1:]}", ""]
     budget = (
         "frames for each agent (a ring of 4 trains 4x as many in all)"
         if meta.get("frames_per_agent")
@@ -754,7 +755,7 @@ def budget_lines(results: Path) -> list[str]:
 
 
 def _rate(lr: float) -> str:
-    """A learning rate as the text writes it: 1.4e-3."""
+    """A learning rate as the rest of the text writes it (1.4e-3), not as Python's e-format (1.4e-03)."""
     mantissa, exponent = f"{lr:.1e}".split("e")
     return f"{mantissa}e{int(exponent)}"
 

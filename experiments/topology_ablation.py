@@ -2,8 +2,8 @@
 (SGP's: one letter a round, exact average every log2 n rounds) mixing vs independent agents (no
 gossip, same seeds), at 4 and 8 agents, the same frames for each agent.
 
-``sparse --time-varying`` is not an arm: it is the one-peer exponential graph (the same matrix every
-round, the same digest), and a sync cell on the same matrices is the same run. It was one until
+``sparse --time-varying`` is not an arm: it is the one-peer exponential graph (the same matrices,
+round for round: the same digest), and a sync cell on the same matrices is the same run. It was one until
 2026-11-28: on Breakout at 4 agents its seeds 2-5 scored exactly what one-peer-exponential's did (its
 seed 1, resumed after a stop, drew other episodes from the stop on).
 

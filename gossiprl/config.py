@@ -418,8 +418,8 @@ def _upgrade(data: dict) -> dict:
     the papers' 0.01. Before overlap_lr_scale existed, overlapped gossip kept the learning rate as
     given. Before there was more than one learner, every run was A2C. Before MinAtar had its own A2C
     rate, the A2C section of a PPO or IMPALA run recorded the then default 7e-4, which is None now
-    (an A2C run keeps the 7e-4 it learned with). What an unset learner setting stood for is the
-    launcher's to read on resume (``settings.learned_with``)."""
+    (an A2C run keeps the 7e-4 it learned with). What an unset learner setting stood for is read on
+    resume (``settings.learned_with``), not here: a file given as --config asks for its env's default."""
     swarm, agent = dict(data.get("swarm") or {}), dict(data.get("agent") or {})
     if "agents" in agent:
         agent["agents_per_host"] = agent.pop("agents")
@@ -440,7 +440,7 @@ def _upgrade(data: dict) -> dict:
     return {**data, "swarm": swarm, "agent": agent}
 
 
-def _as_learned(data: dict, path: Path) -> dict:
+def _learned_view(data: dict, path: Path) -> dict:
     """A run's config.json with the learner settings it left to the env's default (None) as the run
     learned with them (``settings.learned_with``): what a resume's flags are checked against."""
     agent = dict(data.get("agent") or {})
@@ -547,7 +547,7 @@ def resume_values(ctx: click.Context, settings: Settings, run_dir: Path | None, 
     data = load_file(path)
     saved = settings.read(ctx, data, str(path))
     try:
-        learned = settings.read(ctx, _as_learned(data, path), str(path))
+        learned = settings.read(ctx, _learned_view(data, path), str(path))
     except click.BadParameter as err:  # the agent section read above: the record's value is the bad one
         raise click.ClickException(f"cannot resume: {path}'s learned_with: {err.format_message()}") from None
     conflicts, given = [], settings.given(ctx)

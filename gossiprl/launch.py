@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import zmq
@@ -52,7 +52,7 @@ from .hosts import (
     local_size_from_environment,
     rank_from_environment,
 )
-from .rl.settings import host_cores
+from .rl.settings import host_cores, with_unset_from
 from .settings import RECORDS_LEARNER, TRANSPORTS, SwarmConfig, learned_with, return_target
 
 __all__ = [  # the swarm's own names, and the roles' that callers of gossiprl.launch have always found here
@@ -170,11 +170,11 @@ def prepare_run_dir(run_dir: Path, resume: bool, config: dict) -> None:
     os.replace(tmp, config_path)
 
 
-def _as_learned(run_dir: Path, agent_cfg):
+def _resumed_learner(run_dir: Path, agent_cfg):
     """``agent_cfg`` with its learner's settings left to the env's default (None) as the run in
-    ``run_dir`` learned with them (its config.json, ``settings.learned_with``): a default that moved
-    since does not change what a resumed run learns with. A run dir without a readable config.json
-    is ``prepare_run_dir``'s to refuse."""
+    ``run_dir`` asked for or learned them (its config.json: the ``agent`` section, then
+    ``settings.learned_with``), as `gossiprl run --resume` passes them; a caller of the Python API
+    may leave them unset. A run dir without a readable config.json is ``prepare_run_dir``'s to refuse."""
     try:
         data = json.loads((run_dir / "config.json").read_text())
     except (OSError, ValueError):
@@ -187,9 +187,9 @@ def _as_learned(run_dir: Path, agent_cfg):
         learned = learned_with(data)
     except ValueError as err:
         raise RunError(f"cannot resume: {run_dir / 'config.json'}: {err}") from None
-    section = getattr(agent_cfg, agent_cfg.algo)
-    unset = {f.name: learned[f.name] for f in fields(section) if getattr(section, f.name) is None and f.name in learned}
-    return replace(agent_cfg, **{agent_cfg.algo: replace(section, **unset)})
+    asked = data["agent"].get(agent_cfg.algo)
+    learned |= {k: v for k, v in asked.items() if v is not None} if isinstance(asked, dict) else {}
+    return replace(agent_cfg, **{agent_cfg.algo: with_unset_from(getattr(agent_cfg, agent_cfg.algo), learned)})
 
 
 def private_endpoint(directory: Path, transport: str) -> tuple[str, tuple | None, tuple | None]:
@@ -724,7 +724,7 @@ def run(
     run_dir = Path(run_dir)
     listener = _listen(metrics_port) if topo is not None and metrics_port is not None else None
     earlier = _earlier_summary(run_dir) if resume else {}
-    asked, agent_cfg = agent_cfg, _as_learned(run_dir, agent_cfg) if resume else agent_cfg
+    asked, agent_cfg = agent_cfg, _resumed_learner(run_dir, agent_cfg) if resume else agent_cfg
     prepare_run_dir(
         run_dir,
         resume,

@@ -29,7 +29,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from gossiprl.rl.learners import LEARNERS, resolved
 from gossiprl.rl.models import flatten_parameters, make_model
-from gossiprl.rl.settings import AgentConfig, meant_then, thread_plan
+from gossiprl.rl.settings import AgentConfig, meant_then, thread_plan, with_unset_from
 
 log = logging.getLogger("gossiprl.rl.agent")
 
@@ -224,11 +224,9 @@ def resume_checkpoint(checkpoint_path: Path, cfg: AgentConfig) -> tuple[dict, Ag
             f"{checkpoint_path} was trained by {checkpoint['config'].get('algo', 'a2c')}, this run asks "
             f"for {cfg.algo}: resume with that --algo or use another --run-dir"
         )
-    learned = _as_learned(checkpoint["config"])
-    section, recorded = getattr(cfg, cfg.algo), learned.get(cfg.algo)
-    if isinstance(recorded, Mapping):
-        unset = {f.name: recorded.get(f.name) for f in fields(section) if getattr(section, f.name) is None}
-        cfg = replace(cfg, **{cfg.algo: replace(section, **{k: v for k, v in unset.items() if v is not None})})
+    learned = _checkpoint_learned(checkpoint["config"])
+    if isinstance(learned.get(cfg.algo), Mapping):
+        cfg = replace(cfg, **{cfg.algo: with_unset_from(getattr(cfg, cfg.algo), learned[cfg.algo])})
     changed = changed_on_resume(learned, cfg)
     if changed:
         raise CheckpointError(
@@ -539,7 +537,7 @@ class MetricsLog:
         self.tb.close()
 
 
-def _as_learned(saved: Mapping) -> Mapping:
+def _checkpoint_learned(saved: Mapping) -> Mapping:
     """A checkpoint's config with its learner's unset settings (None) read as what they stood for when
     it was written: the env's defaults then (``meant_then`` where they have moved since, today's
     elsewhere). Checkpoints record resolved settings since MinAtar's A2C rate moved, so an unset one

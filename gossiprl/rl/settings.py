@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from gossiprl.comms import keys
@@ -54,6 +54,20 @@ PREVIOUS_MINATAR_LR = 2 * ATARI_LR
 rate learned at, which its resume keeps. Runs record the settings they learn with since."""
 
 
+def with_unset_from(section, values: Mapping):
+    """``section`` (a learner's settings) with each field it leaves to the env's default (None) taken
+    from ``values`` where that holds one: what a resume fills from the run's record of what it learned
+    with, so a default that moved since does not change it."""
+    return replace(
+        section,
+        **{
+            f.name: values[f.name]
+            for f in fields(section)
+            if getattr(section, f.name) is None and values.get(f.name) is not None
+        },
+    )
+
+
 def meant_then(algo: str, env_id: str, section: Mapping) -> dict:
     """What the unset (None) settings of a learner section recorded before runs recorded what they
     learned with stood for, where the env's default has moved since: MinAtar's A2C rate was
@@ -76,8 +90,8 @@ class A2CConfig:
     """Steps per env before each update; the return bootstraps from V after n_steps."""
     lr: float | None = field(default=None, metadata={"min": 0, "min_open": True})
     """RMSProp learning rate. None means 2.8e-3 on MinAtar (``MINATAR_LR``) and A2C's Atari rate,
-    7e-4, elsewhere. On MinAtar 2.8e-3 is where a ring of 4 learns more per agent frame than one
-    agent; no rule in the number of agents is applied (docs/swarm-learning.md)."""
+    7e-4, elsewhere. At 2.8e-3 a ring of 4 learned more per agent frame than one agent on MinAtar
+    Breakout and SpaceInvaders; no rule in the number of agents is applied (docs/swarm-learning.md)."""
     rmsprop_eps: float = field(default=1e-5, metadata={"min": 0, "min_open": True})
     """RMSProp epsilon, larger than torch's 1e-8 default as in the A2C papers, so steps stay
     bounded while the squared-gradient average is still near zero."""

@@ -317,14 +317,12 @@ def test_a_config_json_from_before_shared_init_resumes_with_what_it_learned_with
     assert (fresh.shared_init, fresh.gossip_overlap, fresh.a2c.entropy_coef) == (True, False, None)
 
 
-def _old_dump(run_dir, env, algo="a2c", **learned_with):
+def _old_dump(run_dir, env, algo="a2c", asked=None, **learned_with):
     """A run's config.json as gossiprl wrote it before it recorded what its learner learned with
     (or with that record, given)."""
     run_dir.mkdir()
-    data = {
-        "swarm": asdict(SwarmConfig(agents=1)),
-        "agent": asdict(AgentConfig(env_id=env, total_frames=1500, algo=algo)),
-    }
+    agent = AgentConfig(env_id=env, total_frames=1500, algo=algo, a2c=asked or A2CConfig())
+    data = {"swarm": asdict(SwarmConfig(agents=1)), "agent": asdict(agent)}
     if learned_with:
         data["learned_with"] = learned_with
     (run_dir / "config.json").write_text(json.dumps(data))
@@ -332,16 +330,22 @@ def _old_dump(run_dir, env, algo="a2c", **learned_with):
 
 
 @pytest.mark.parametrize(
-    "env, algo, learned",
-    [("MinAtar/Breakout-v1", "a2c", {"lr": 1.4e-3}), ("MinAtar/Breakout-v1", "ppo", {}), ("CartPole-v1", "a2c", {})],
+    "env, algo, asked, learned",
+    [
+        ("MinAtar/Breakout-v1", "a2c", None, {"lr": 1.4e-3}),
+        ("MinAtar/Breakout-v1", "a2c", A2CConfig(lr=7e-4), {"lr": 7e-4}),
+        ("MinAtar/Breakout-v1", "ppo", None, {}),
+        ("CartPole-v1", "a2c", None, {}),
+    ],
 )
-def test_what_a_run_recorded_before_the_learned_with_record_learned_with(tmp_path, env, algo, learned):
-    """MinAtar's A2C rate moved from 1.4e-3 to 2.8e-3. A run recorded before config.json said what it
-    learned with, A2C on MinAtar with its rate unset, learned at 1.4e-3: its resume keeps it; a PPO run's
-    A2C section and a run off MinAtar stood for the env's defaults, then as now."""
-    run_dir = _old_dump(tmp_path / "run", env, algo)
+def test_what_a_run_recorded_before_the_learned_with_record_learned_with(tmp_path, env, algo, asked, learned):
+    """MinAtar's A2C rate moved from 7e-4 (recorded outright) to 1.4e-3 (unset) to 2.8e-3. A run recorded
+    before config.json said what it learned with resumes at what it learned with, though a caller of the
+    Python API leaves the rate unset: 1.4e-3 for A2C on MinAtar with its rate unset, what it asked for where
+    it asked; a PPO run's A2C section and a run off MinAtar stood for the env's defaults, then as now."""
+    run_dir = _old_dump(tmp_path / "run", env, algo, asked)
     cfg = AgentConfig(env_id=env, algo=algo)
-    section = getattr(launch._as_learned(run_dir, cfg), algo)
+    section = getattr(launch._resumed_learner(run_dir, cfg), algo)
     assert {k: v for k, v in asdict(section).items() if v != getattr(getattr(cfg, algo), k)} == learned
 
 
@@ -381,9 +385,9 @@ def test_a_resumed_run_keeps_the_settings_it_recorded_learning_with_and_a_new_on
     none is refused in one line."""
     learned = {**asdict(A2CConfig()), "lr": 0.005, "entropy_coef": 0.02, "clip_rewards": False}
     run_dir = _old_dump(tmp_path / "run", "MinAtar/Breakout-v1", a2c=learned)
-    resumed = launch._as_learned(run_dir, AgentConfig(env_id="MinAtar/Breakout-v1")).a2c
+    resumed = launch._resumed_learner(run_dir, AgentConfig(env_id="MinAtar/Breakout-v1")).a2c
     assert (resumed.lr, resumed.entropy_coef, resumed.clip_rewards) == (0.005, 0.02, False)
-    given = launch._as_learned(run_dir, AgentConfig(env_id="MinAtar/Breakout-v1", a2c=A2CConfig(lr=0.001))).a2c
+    given = launch._resumed_learner(run_dir, AgentConfig(env_id="MinAtar/Breakout-v1", a2c=A2CConfig(lr=0.001))).a2c
     assert (given.lr, given.entropy_coef) == (0.001, 0.02)  # a setting given is the resume's, and was checked
     invoke("run", "--config", run_dir / "config.json", "--env", "CartPole-v1", "--run-dir", tmp_path / "new")
     (_, fresh, _), kwargs = recorded[-1]
@@ -392,7 +396,7 @@ def test_a_resumed_run_keeps_the_settings_it_recorded_learning_with_and_a_new_on
     with pytest.raises(
         launch.RunError, match="cannot resume: .*config.json: its 'learned_with' holds no record of a2c"
     ):
-        launch._as_learned(broken, AgentConfig(env_id="MinAtar/Breakout-v1"))
+        launch._resumed_learner(broken, AgentConfig(env_id="MinAtar/Breakout-v1"))
     result = invoke("run", "--run-dir", broken, "--resume", "--no-progress")
     assert result.exit_code == 1 and "holds no record of a2c's settings" in result.output, result.output
 
