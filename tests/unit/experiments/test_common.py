@@ -2,13 +2,23 @@
 
 import json
 import tempfile
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import click
 import pytest
 
-from experiments.common import PLANE, Cell, cell_fingerprint, cell_plan, fresh_out, parse_seeds, ran_swarm, read_curves
+from experiments.common import (
+    PLANE,
+    REAL_ENV,
+    Cell,
+    cell_fingerprint,
+    cell_plan,
+    fresh_out,
+    parse_seeds,
+    ran_swarm,
+    read_curves,
+)
 from experiments.study import RESULTS
 from gossiprl.launch import SwarmConfig
 from gossiprl.rl.a2c import ATARI_LR
@@ -332,3 +342,48 @@ def test_a_change_to_the_defaults_a2c_cells_run_under_comes_with_a_new_loop_vers
         },
         {"MinAtar/Breakout-v1": a2c, "MinAtar/SpaceInvaders-v1": a2c},
     )
+
+
+STUDIES = (
+    "swarm_learning", "swarm_vs_one", "lr_sweep", "lr_confirm", "learners", "table1",
+    "ordering_ablation", "topology_ablation", "scaling", "batch_period", "layout",
+)  # fmt: skip
+
+
+def _what_runs(cell, env_id: str) -> str:
+    """What a cell trains, whatever its settings are called: its graph by its matrices (a topology's
+    digest), not its family's name and options, beside the rest of what names a run."""
+    import hashlib
+
+    from experiments.common import learner_settings
+    from gossiprl.settings import TOPOLOGY_OPTIONS
+
+    swarm = {k: v for k, v in asdict(cell.swarm).items() if k not in {"topology", "total_frames", *TOPOLOGY_OPTIONS}}
+    topology = ran_swarm(cell).make_topology()
+    what = {
+        "swarm": swarm,
+        "graph": topology.digest() if topology is not None else cell.swarm.topology,
+        "cell": (cell.seed, cell.agents, cell.total_frames, cell.gossip_every, cell.plane, str(cell.runner)),
+        "learner": asdict(learner_settings(cell, env_id)),
+        "agent": cell.agent,
+    }
+    return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def test_no_study_runs_one_run_under_two_settings():
+    """The topology study ran sparse --time-varying beside one-peer-exponential: the same matrices,
+    round for round, so the same run (seeds 2-5 scored exactly alike), read as two graphs with two
+    outcomes and paid for twice. No study's plan holds two settings that train the same thing."""
+    import importlib
+
+    ope = SwarmConfig(agents=8, topology="one-peer-exponential")
+    tv = SwarmConfig(agents=8, topology="sparse", time_varying=True)
+    ring = SwarmConfig(agents=8, topology="ring")
+    assert _what_runs(Cell("a", 1, 8, 8000, ope), REAL_ENV) == _what_runs(Cell("b", 1, 8, 8000, tv), REAL_ENV)
+    assert _what_runs(Cell("a", 1, 8, 8000, ope), REAL_ENV) != _what_runs(Cell("c", 1, 8, 8000, ring), REAL_ENV)
+    for name in STUDIES:
+        cells, _ = importlib.import_module(f"experiments.{name}").STUDY.build(False, 1_000_000, [1])
+        seen = {}
+        for cell in cells:
+            first = seen.setdefault(_what_runs(cell, REAL_ENV), cell.setting)
+            assert first == cell.setting, f"{name}: {first!r} and {cell.setting!r} are the same run"
