@@ -451,8 +451,7 @@ def _learned_view(data: dict, path: Path) -> dict:
         learned = learned_with(data)
     except ValueError as err:
         raise click.ClickException(f"cannot resume: {path}: {err}") from None
-    section = {k: learned.get(k) if v is None else v for k, v in agent[algo].items()}
-    return {**data, "agent": {**agent, algo: section}}
+    return {**data, "agent": {**agent, algo: {**agent[algo], **learned}}}
 
 
 MAX_CONFIG_BYTES = 1 << 20

@@ -187,8 +187,6 @@ def _resumed_learner(run_dir: Path, agent_cfg):
         learned = learned_with(data)
     except ValueError as err:
         raise RunError(f"cannot resume: {run_dir / 'config.json'}: {err}") from None
-    asked = data["agent"].get(agent_cfg.algo)
-    learned |= {k: v for k, v in asked.items() if v is not None} if isinstance(asked, dict) else {}
     return replace(agent_cfg, **{agent_cfg.algo: with_unset_from(getattr(agent_cfg, agent_cfg.algo), learned)})
 
 

@@ -46,19 +46,20 @@ RECORDS = ("topology", RECORDS_LEARNER)
 
 
 def learned_with(data: Mapping) -> dict:
-    """What a run's config.json says its learner learned with, for the settings its "agent" section
-    leaves to the env's default (None): its ``RECORDS_LEARNER`` record or, for a run recorded before
-    that record, what those settings stood for then (``rl.settings.meant_then``). ValueError names a
-    record that is not one."""
+    """What a run's config.json says its learner learned with: what its "agent" section set, and for
+    what it leaves to the env's default (None), its ``RECORDS_LEARNER`` record or, for a run recorded
+    before that record, what those settings stood for then (``rl.settings.meant_then``). ValueError
+    names a record that is not one."""
     agent = data.get("agent") or {}
     algo = agent.get("algo") or "a2c"
-    record = data.get(RECORDS_LEARNER)
-    if record is not None:
-        if not isinstance(record, Mapping) or not isinstance(record.get(algo), Mapping):
-            raise ValueError(f"its {RECORDS_LEARNER!r} holds no record of {algo}'s settings")
-        return dict(record[algo])
     section = agent.get(algo)
-    return meant_then(algo, str(agent.get("env_id", "")), section) if isinstance(section, Mapping) else {}
+    if not isinstance(section, Mapping):
+        return {}
+    record = data.get(RECORDS_LEARNER)
+    if record is not None and (not isinstance(record, Mapping) or not isinstance(record.get(algo), Mapping)):
+        raise ValueError(f"its {RECORDS_LEARNER!r} holds no record of {algo}'s settings")
+    unset = record[algo] if record is not None else meant_then(algo, str(agent.get("env_id", "")), section)
+    return {**unset, **{k: v for k, v in section.items() if v is not None}}
 
 
 def return_target(value) -> float | str | None:
