@@ -45,8 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments import lr_sweep, stats, swarm_learning, swarm_vs_one
+from experiments import lr_sweep, stats, swarm_learning, swarm_vs_one, topology_ablation
 from experiments.common import agent_curves, cell_key, read_curves
+from gossiprl.settings import NO_GOSSIP
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ CLAIMS = {
     ),
     "batch_period": Claim(
         "this project's own question, not a paper's claim (PALA Fig. 12 varies the batch size, not the gossip period)",
-        "gossiping every 16 updates learns as much per frame as gossiping every update",
+        "gossiping every 16 updates learns at least as much per frame as gossiping every update",
         "5 steps x 16 envs, gossip every 16",
         ("5 steps x 16 envs, gossip every update",),
         "frames",
@@ -184,6 +185,12 @@ EXTRA = {
     ],
     "learners": [("PPO, ring of 4", "PPO, 1 agent"), ("IMPALA, ring of 4", "IMPALA, 1 agent")],
     "ordering_ablation": [("sync (turn locks)", "sync, overlapped")],
+    "topology_ablation": [
+        (f"{topology}, {n} agents", f"none (independent), {n} agents")
+        for n in (4, 8)
+        for topology in topology_ablation.TOPOLOGIES
+        if topology != NO_GOSSIP
+    ],
     "scaling": [(f"{n} agents, ring", "1 agent (plain A2C)") for n in (2, 8, 16)],
     "swarm_vs_one": [(swarm_vs_one.RING_ATARI, swarm_vs_one.ONE_ATARI), ("1 agent", swarm_vs_one.ONE_ATARI)],
     "lr_sweep": [
@@ -194,7 +201,8 @@ EXTRA = {
     + [(f"ring of 4, {rate}", f"1 agent, {rate}") for rate in lr_sweep.RATES],
 }
 """Comparisons a study reports beside its claim's: swarm_learning's every ring against its control,
-the learners study's ring of each learner against its one agent, the scaling study's other rings
+the learners study's ring of each learner against its one agent, the topology study's every graph
+against independent agents of its size (the issue's question is at 8 agents), the scaling study's other rings
 against one agent, swarm_vs_one's arms at A2C's Atari
 rate (the ring against one agent as it stood before MinAtar's rate, and what the new rate bought one
 agent), and every pair of lr_sweep's rates for one agent and for the ring, and the ring against one

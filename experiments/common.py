@@ -372,8 +372,14 @@ def describe(row: dict) -> str:
 
 
 def load_rows(out: Path, cells: list[Cell] | None = None) -> list[dict]:
-    """The finished rows, in the order of ``cells`` when given (missing cells are left out)."""
+    """The finished rows, in the order of ``cells`` when given (missing cells are left out). A study
+    cell's ``fps`` is read from its curve (``training_fps``): cells written before 2026-11-29 recorded
+    all agents' frames over the launcher's seconds, start-up included."""
     rows = {p.stem: read_record(p) for p in sorted((Path(out) / "cells").glob("*.json"))}
+    for key, row in rows.items():
+        curve = Path(out) / "curves" / f"{key}.csv"
+        if "gossip_share" in row and curve.exists():  # run_cell's rows; a library's (baselines) keep their own
+            row["fps"] = training_fps(read_curves(out, key), row["fps"])
     if cells is None:
         return list(rows.values())
     return [rows[c.key] for c in cells if c.key in rows]
@@ -528,7 +534,7 @@ def run_cell(
         "steps_per_update": steps_per_update(hp),
         "timed_frames": float(np.mean([s["fps"] * s["wall_seconds"] for s in summaries])),
         "wall_s": wall,
-        "fps": sum(s["frames"] for s in summaries) / wall,
+        "fps": training_fps(curves, sum(s["frames"] for s in summaries) / wall),
         "agents_mean": float(np.mean(means)),
         "agents_min": float(np.min(means)),
         "agents_max": float(np.max(means)),
@@ -591,6 +597,16 @@ def _time_split(summaries: list[dict], curves: list[dict]) -> dict:
         "gossip_wait_s": gossip * (1 - mix_fraction),
         "mix_s": gossip * mix_fraction,
     }
+
+
+def training_fps(curve: list[dict], default: float) -> float:
+    """The swarm's frames per second of training: every agent's frames over the longest any agent's
+    own training clock ran (each agent logs a last row when its budget is spent). That clock starts
+    when the agent's training does and adds a resumed run's sessions, so process start-up, waiting
+    for the swarm to form and the final scoring are left out. ``default`` where the curve has no rows."""
+    last = {row["agent"]: row for row in curve}
+    seconds = max((row["wall_s"] for row in last.values()), default=0.0)
+    return sum(row["frames"] for row in last.values()) / seconds if seconds > 0 else default
 
 
 def read_curves(out: Path, key: str) -> list[dict]:

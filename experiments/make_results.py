@@ -124,7 +124,7 @@ NOTES = {
     "void.** The sync cells are swarm_vs_one's ring of 4 (the shared cell cache), run on 2026-11-27 under "
     "another window's load, before the other arms ran (seeds 1-4 on 2026-11-28's first window, seed 5 in a "
     "later one): a sync agent's rollout, the same work in every arm, took 61 ms an update against the other "
-    "arms' 17-31 ms. The other arms ran interleaved seed by seed; per frame every cell stands.",
+    "arms' 11-31 ms. The other arms ran interleaved seed by seed; per frame every cell stands.",
 }
 
 SCORES = ("agents_mean", "agents_min", "agents_eval_mean", "consensus_eval", "score_at_equal_wall")
@@ -170,7 +170,8 @@ def study_section(folder: str, results: Path) -> list[str]:
     rows, older, hidden_cells = shown_rows(out, cells, meta["env"], replanned)
     hidden = [f"{c.setting} seed {c.seed}" for c in hidden_cells]
     stale = list(dict.fromkeys(r["setting"] for r in rows if cell_key(r["setting"], r["seed"]) in older))
-    missing = [f"{c.setting} seed {c.seed}" for c in cells if not (out / "cells" / f"{c.key}.json").exists()]
+    done = cells_done(out, cells, older)
+    missing = [f"{c.setting} seed {c.seed}" for c in cells if c.key not in done]
     title = meta["title"] if folder == name else f"{meta['title']}: {meta['env']}"
     question = module.STUDY.question  # the study's as it is now (its plan is), not as its study.json last ran
     lines = [f"## {title}", "", f"**Question.** {question[0].upper()}{question[1:]}", ""]
@@ -181,11 +182,15 @@ def study_section(folder: str, results: Path) -> list[str]:
     )
     lines += [
         f"**Setup.** `{meta['command'].strip()}` — {meta['env']}, {meta['frames_per_cell']:,} {budget}, "
-        f"seeds {', '.join(map(str, meta['seeds']))}; {len(rows)} of {len(cells)} cells finished."
+        f"seeds {', '.join(map(str, meta['seeds']))}; {len(done)} of {len(cells)} cells finished."
         + (f" Final policies evaluated over {rows[0]['eval_episodes']} episodes each." if rows else "")
     ]
     if missing:
-        lines += ["", f"**Missing cells** (not finished when this file was generated): {', '.join(missing)}."]
+        lines += [
+            "",
+            f"**Missing cells** (no result of today's plan when this file was generated; an older run may "
+            f"stand in, below): {', '.join(missing)}.",
+        ]
     if stale:
         lines += [
             "",
@@ -193,8 +198,8 @@ def study_section(folder: str, results: Path) -> list[str]:
             "the study plans today (A2C's MinAtar rate was 7e-4 before 2026-11-27; "
             "experiments.common.LOOP_VERSION says what else changed"
             + ("; and this study's --frames was the whole swarm's then, each agent's now" if replanned else "")
-            + "): they are shown as they ran, and no verdict is read off them; running the study's command again "
-            "replaces them.",
+            + "): the table shows them as they ran; no verdict is read off them and the IQM lists leave them out; "
+            "running the study's command again replaces them.",
         ]
     if hidden:
         lines += ["", f"**Left out** beside today's cells of the same setting, as older runs: {', '.join(hidden)}."]
@@ -231,7 +236,9 @@ def study_section(folder: str, results: Path) -> list[str]:
     lines += [
         "",
         f"Mean ± 95 % t-interval over seeds, for reference (the comparisons below use the bootstrap); an interval "
-        f"that would leave the score's range, {bounds_said}, is cut to it and shown as [low, high]. Raw per-seed "
+        f"that would leave the score's range, {bounds_said}, is cut to it and shown as [low, high]. frames/s: all "
+        "agents' frames over the training clock (the longest any agent trained; start-up and scoring left out), "
+        "mean over seeds. Raw per-seed "
         f"rows: [results/{folder}/results.csv](results/{folder}/results.csv); per setting: "
         f"[summary.csv](results/{folder}/summary.csv).",
         "",
@@ -241,11 +248,11 @@ def study_section(folder: str, results: Path) -> list[str]:
     if folder in NOTES:
         lines += [f"**Note.** {NOTES[folder]}", ""]
     frames_per_agent = bool(meta.get("frames_per_agent"))
-    so_far = f" (so far: {len(rows)} of {len(cells)} cells; a verdict may change as the rest come in)"
+    so_far = f" (so far: {len(done)} of {len(cells)} cells; a verdict may change as the rest come in)"
     lines += [f"**What the data says{so_far if missing else ''}.**", ""]
     lines += claims.claim_lines(name, arms, bounds, frames_per_agent, tuple(stale))
     lines += claims.equal_total_lines(name, arms, bounds, tuple(stale))
-    lines += iqm_lines(arms, settings, bounds, frames_per_agent)
+    lines += iqm_lines(arms, [s for s in settings if s not in stale] or settings, bounds, frames_per_agent)
     lines += claims.comparison_lines(name, arms, settings, frames_per_agent, tuple(stale))
     today = [e for e in table.values() if e["setting"] not in stale] or list(table.values())
     lines += [
@@ -280,10 +287,17 @@ def by_seed(rows: list[dict], setting: str) -> np.ndarray:
     return np.array([r["per_agent_last100"] for r in rows if r["setting"] == setting], dtype=float)
 
 
+def cells_done(out: Path, cells: list, older: set) -> set[str]:
+    """The keys of the planned cells that hold today's plan's result: an older run standing in for one
+    (another budget, loop or rate) is shown, but the cell is still to run."""
+    return {c.key for c in cells if (out / "cells" / f"{c.key}.json").exists() and c.key not in older}
+
+
 def iqm_lines(arms: claims.Arms, settings: list[str], bounds: tuple[float, float], frames_per_agent: bool) -> list[str]:
     """IQM of every agent's own last-100 score per setting, at the end of its frames and at equal
     wall-clock, with its stratified-bootstrap interval (whole seeds resampled, so the agents of one
-    swarm, which are not independent, stay together)."""
+    swarm, which are not independent, stay together). ``settings`` leaves out older runs where a study
+    has cells of today's plan: at another budget they would read as today's swarms at the untrained score."""
     lines = []
     for axis in ("frames", "wall_s"):
         parts = []
@@ -454,8 +468,8 @@ def baselines_section(out: Path, results: Path) -> list[str]:
         "Score: each agent's own mean return over its last 100 training episodes; IQM over all agents of all "
         "seeds, whole seeds resampled for the interval; intervals cut to the score's range, "
         f"{bounds_said}. Untrained policy: {untrained_text(env)}. frames/s: SB3's from its training clock alone (one "
-        "process, one torch thread); gossiprl's are all agents' frames over the cell's wall-clock, start-up "
-        "included, measured in another window of machine load, so compare them loosely. Raw rows: "
+        "process, one torch thread); gossiprl's are all agents' frames over their training clock, start-up "
+        "left out, measured in another window of machine load, so compare them loosely. Raw rows: "
         f"[results/{out.name}/results.csv](results/{out.name}/results.csv); every episode: "
         f"results/{out.name}/curves/.",
         "",
@@ -818,11 +832,12 @@ def main(results, output):
         "**Machine.** A 2-core VM, no GPU "
         f"({platform.machine()}, Python {platform.python_version()}), shared with other jobs while these ran: "
         "every study ran under `nice -n 19` beside other CPU work, so wall-clock and frames/s figures are "
-        "noisy and low. Process start-up is not counted in the wall-clock curves (they use each agent's own "
-        "training clock); it is in 'wall-clock per cell'.",
+        "noisy and low. Process start-up is not counted in the wall-clock curves or in frames/s (they use each "
+        "agent's own training clock); it is in 'wall-clock per cell'.",
         "",
-        "**GPU.** No GPU machine was at hand in this session: the Pong/Breakout GPU runs of the issue "
-        "(8-16 agents vs A2C vs independent, fixed wall-clock) were not done.",
+        "**GPU.** Every study here ran on the CPU. A GPU (one H200) was lent once, for 15 minutes: it checked the "
+        "CUDA paths ([docs/gpu-h200-2026-11-28.md](../docs/gpu-h200-2026-11-28.md)) and ran no study, so the "
+        "Pong/Breakout GPU runs (8-16 agents against A2C and independent agents, at fixed wall-clock) were not done.",
         "",
         f"**Learning rate.** An A2C cell that names no rate runs at {_rate(STUDY_MINATAR_LR)} on MinAtar "
         "(experiments.common.STUDY_MINATAR_LR), MinAtar's default when the studies were planned, so each study "

@@ -281,6 +281,26 @@ def test_a_curve_resumed_after_a_kill_reads_each_frame_once(tmp_path):
     ]  # fmt: skip
 
 
+def test_a_cells_frames_per_second_are_read_off_its_agents_training_clocks(tmp_path):
+    """The launcher's seconds include starting the agents and the broker; the row's frames/s is every
+    agent's frames over the longest any agent trained, its curve's last rows, whatever the row says."""
+    from experiments.common import load_rows
+
+    (tmp_path / "cells").mkdir()
+    (tmp_path / "curves").mkdir()
+    lines = ["agent,frames,wall_s,mean_return_100,wait_s,mix_s"]
+    lines += [f"0,{f},{f / 100},1,0,0" for f in (500, 1000)]  # agent 0: 1000 frames in 10 s
+    lines += [f"1,{f},{f / 50},1,0,0" for f in (500, 1000)]  # agent 1: 1000 frames in 20 s
+    (tmp_path / "curves" / "cell.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "cells" / "cell.json").write_text(json.dumps({"setting": "s", "fps": 40.0, "gossip_share": 0.0}))
+    (tmp_path / "cells" / "library.json").write_text(json.dumps({"setting": "sb3", "fps": 40.0}))
+
+    rows = {r["setting"]: r for r in load_rows(tmp_path)}
+
+    assert rows["s"]["fps"] == pytest.approx(2000 / 20)
+    assert rows["sb3"]["fps"] == 40.0  # a library's row keeps the figure its own clock gave
+
+
 @pytest.mark.parametrize("record", ["{bad", "[1, 2]"])
 def test_a_cell_record_that_is_not_a_json_object_stops_the_study_with_one_line_naming_it(tmp_path, record):
     cell = Cell("ring of 2", 1, 2, 8000, SwarmConfig(agents=2, topology="ring"))

@@ -4,6 +4,7 @@ study's budget changes."""
 import json
 
 from experiments import make_results
+from experiments.common import cell_fingerprint
 
 
 def write_study(results, folder, frames_per_cell, per_agent):
@@ -42,3 +43,23 @@ def test_without_a_whole_swarm_budget_no_early_training_caveat_is_given(tmp_path
 
     assert "1,000,000 for each agent in scaling." in text
     assert "early-training" not in text
+
+
+def test_an_older_run_standing_in_for_a_cell_does_not_count_it_finished(tmp_path):
+    """A 16-agent cell run at 100k frames for the whole swarm is shown as it ran, but the study's 1M
+    frames per agent are still to run there: "N of M cells finished" counts it with the missing."""
+    from experiments import scaling
+    from experiments.common import older_keys
+
+    env = "MinAtar/Breakout-v1"
+    cells, _ = scaling.build(False, 1_000_000, [1])
+    (tmp_path / "cells").mkdir()
+    one, older_ring, _ = cells[0], cells[-1], cells[1]
+    for cell, fingerprint in ((one, cell_fingerprint(one, env, 10)), (older_ring, "an older loop's")):
+        row = {"setting": cell.setting, "seed": 1, "eval_episodes": 10, "fingerprint": fingerprint}
+        (tmp_path / "cells" / f"{cell.key}.json").write_text(json.dumps(row))
+
+    older = older_keys(tmp_path, cells, env)
+
+    assert older == {older_ring.key}
+    assert make_results.cells_done(tmp_path, cells, older) == {one.key}
