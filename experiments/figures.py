@@ -1,8 +1,8 @@
-"""One figure per study: score vs frames and vs wall-clock, the interquartile mean of every agent's
-score over seeds with a shaded 95 % stratified-bootstrap band (whole seeds resampled, as the
-IQMs RESULTS.md states are; cut to the range the score can take), the untrained policy's score as
-the floor the curves start from, and (where asked) the per-iteration time split as stacked bars.
-Rendered on an Agg canvas (headless)."""
+"""One figure per study: score vs frames (per agent and for the whole swarm) and vs wall-clock,
+the interquartile mean of every agent's score over seeds with a shaded 95 % stratified-bootstrap
+band (whole seeds resampled, as the IQMs RESULTS.md states are; cut to the range the score can
+take), the untrained policy's score as the floor the curves start from, and (where asked) the
+per-iteration time split as stacked bars. Rendered on an Agg canvas (headless)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ from experiments.common import agent_curves, cell_key, read_curves
 GRID_POINTS = 150
 BAND = "line: IQM of every agent's last-100 mean over seeds; shaded: its 95 % stratified-bootstrap band"
 Y_LABEL = "episode return (IQM of agents' last-100 means)"
+VIEWS = {
+    "agent": ("frames per agent (M)", "score vs frames per agent"),
+    "swarm": ("frames, whole swarm (M)", "score vs frames of the whole swarm"),
+    "wall_s": (
+        "wall-clock of training on the same 2 cores (s), after start-up",
+        "score vs wall-clock (finished seeds hold their last score)",
+    ),
+}
+"""A figure's x-axes: (label, panel title)."""
 
 
 def seeds_curves(per_seed: list[np.ndarray]) -> np.ndarray:
@@ -39,54 +48,52 @@ def study_figure(
     bounds: tuple[float, float] = (-np.inf, np.inf),
     untrained: float | None = None,
 ) -> None:
-    """``frames_per_agent``: the frames axis counts each agent's frames (studies that give every
-    agent the same budget), not the whole swarm's. ``bounds``: the score's range, which the bands
-    are cut to; ``untrained``: the untrained policy's score, drawn as a line (None: not measured)."""
+    """``frames_per_agent``: the first panel counts each agent's frames (studies that give every
+    agent the same budget) and a third the whole swarm's; else the one frames panel counts the
+    swarm's. ``bounds``: the score's range, which the bands are cut to; ``untrained``: the untrained
+    policy's score, drawn as a line (None: not measured)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    panels = 3 if time_split else 2
+    # a study that gives each agent the same frames is read per agent (the papers' axis, each agent on its
+    # own hardware) and shown beside the whole swarm's frames, which is what the 2 shared cores paid for
+    views = ("agent", "wall_s", "swarm") if frames_per_agent else ("swarm", "wall_s")
+    panels = len(views) + time_split
     fig = Figure(figsize=(6 * panels, 4.8))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, panels)
     present = [s for s in settings if any(r["setting"] == s for r in rows)]
-    max_frames = max(r["frames"] / (r["agents"] if frames_per_agent else 1) for r in rows)
     max_wall = max(float(row["wall_s"]) for r in rows for row in read_curves(out, cell_key(r["setting"], r["seed"])))
-    grids = {"frames": np.linspace(0, max_frames, GRID_POINTS), "wall_s": np.linspace(0, max_wall, GRID_POINTS)}
+    grids = {
+        "agent": np.linspace(0, max(r["frames"] / r["agents"] for r in rows), GRID_POINTS),
+        "swarm": np.linspace(0, max(r["frames"] for r in rows), GRID_POINTS),
+        "wall_s": np.linspace(0, max_wall, GRID_POINTS),
+    }
     for k, setting in enumerate(present):
         mine = [r for r in rows if r["setting"] == setting]
         color = f"C{k % 10}"
-        for ax, x in zip(axes, ("frames", "wall_s")):
-            grid = grids[x]
+        for ax, view in zip(axes, views):
+            grid = grids[view]
             # vs wall-clock a seed that has spent its frames keeps its final score, so the mean does not
             # jump when the fastest seed stops (and it matches the table's equal-wall-clock score)
             curves = seeds_curves(
                 [
                     agent_curves(
                         read_curves(out, cell_key(r["setting"], r["seed"])),
-                        x,
+                        "wall_s" if view == "wall_s" else "frames",
                         grid,
-                        1 if frames_per_agent else r["agents"],
-                        hold_last=x == "wall_s",
+                        1 if view == "agent" else r["agents"],
+                        hold_last=view == "wall_s",
                     )
                     for r in mine
                 ]
             )
-            xs = grid / 1e6 if x == "frames" else grid
+            xs = grid if view == "wall_s" else grid / 1e6
             _draw_band(ax, xs, curves, bounds, color, f"{setting} (n={len(mine)} seeds)")
-    for ax, x in zip(axes, ("frames", "wall_s")):
-        ax.set_xlabel(
-            ("frames per agent (M)" if frames_per_agent else "frames, whole swarm (M)")
-            if x == "frames"
-            else "wall-clock of training on the same 2 cores (s), after start-up"
-        )
+    for ax, view in zip(axes, views):
+        ax.set_xlabel(VIEWS[view][0])
         ax.set_ylabel(Y_LABEL)
-        ax.set_title(
-            "score vs frames"
-            if x == "frames"
-            else "score vs wall-clock (finished seeds hold their last score)" + wall_clock_caveat(rows),
-            fontsize=10,
-        )
+        ax.set_title(VIEWS[view][1] + (wall_clock_caveat(rows) if view == "wall_s" else ""), fontsize=10)
         ax.ticklabel_format(axis="x", style="plain", useOffset=False)
         if threshold is not None:
             ax.axhline(threshold, color="gray", linestyle=":", linewidth=1, label=f"threshold {threshold:g}")
@@ -94,7 +101,7 @@ def study_figure(
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="best")
     if time_split:
-        _time_split_bars(axes[2], rows, present)
+        _time_split_bars(axes[-1], rows, present)
     fig.suptitle(f"{title} — {env_id}\n{BAND} (whole seeds resampled), cut to the score's range", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
