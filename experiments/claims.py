@@ -69,10 +69,24 @@ class Claim:
     """For a claim that a change helps ``better`` beyond what it does elsewhere: the control's arms with
     and without the change. Judged by the gain ratio (IQM(better) / IQM(than)) / (IQM(control[0]) /
     IQM(control[1])) against 1 (None: the claim's own arms alone)."""
+    also_better: tuple[str, ...] = ()
+    """Further arms the claim says the same of, each against each of ``than``: the scaling claim is
+    about every swarm size, not one."""
 
     def __post_init__(self):
         if self.control is not None and (self.axis != "frames" or len(self.than) != 1 or self.margin is not None):
             raise ValueError(f"{self.source}: a claim with a control compares one arm per frame, with no margin")
+        if self.also_better and (self.control is not None or self.margin is not None):
+            raise ValueError(f"{self.source}: a claim about several arms is judged by P, with no control or margin")
+
+    @property
+    def betters(self) -> tuple[str, ...]:
+        return (self.better, *self.also_better)
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """The claim's comparisons, (X, Y): each arm it is about against each of ``than``."""
+        return [(x, y) for x in self.betters for y in self.than]
 
 
 CLAIMS = {
@@ -143,15 +157,16 @@ CLAIMS = {
     ),
     "scaling": Claim(
         "PALA Figs. 6-8",
-        "gossiping agents learn at least as much per agent step as one agent, so that with each agent on its own "
-        "cores and GPU more agents reach a score sooner in wall-clock time (Fig. 7: the time efficiency decays "
-        "past 16-24 agents; the other counts are in the comparisons below)",
-        "4 agents, ring",
+        "gossiping agents, 2 to 16 of them, learn at least as much per agent step as one agent, so that with each "
+        "agent on its own cores and GPU more agents reach a score sooner in wall-clock time (Fig. 7: the time "
+        "efficiency decays past 16-24 agents)",
+        "2 agents, ring",
         ("1 agent (plain A2C)",),
         "frames",
         "with each agent on its own hardware, as in the paper, an agent's frames are its wall-clock (plus the "
         "gossip's share, which the time split gives); on these 2 shared cores more agents bring no more cores, "
         "so the cells' own seconds measure the sharing, not the claim",
+        also_better=("4 agents, ring", "8 agents, ring", "16 agents, ring"),
     ),
     "batch_period": Claim(
         "this project's own question, not a paper's claim (PALA Fig. 12 varies the batch size, not the gossip period)",
@@ -191,7 +206,6 @@ EXTRA = {
         for topology in topology_ablation.TOPOLOGIES
         if topology != NO_GOSSIP
     ],
-    "scaling": [(f"{n} agents, ring", "1 agent (plain A2C)") for n in (2, 8, 16)],
     "swarm_vs_one": [(swarm_vs_one.RING_ATARI, swarm_vs_one.ONE_ATARI), ("1 agent", swarm_vs_one.ONE_ATARI)],
     "lr_sweep": [
         (f"{layout}, {rate}", f"{layout}, {other}")
@@ -202,8 +216,7 @@ EXTRA = {
 }
 """Comparisons a study reports beside its claim's: swarm_learning's every ring against its control,
 the learners study's ring of each learner against its one agent, the topology study's every graph
-against independent agents of its size (the issue's question is at 8 agents), the scaling study's other rings
-against one agent, swarm_vs_one's arms at A2C's Atari
+against independent agents of its size (the issue's question is at 8 agents), swarm_vs_one's arms at A2C's Atari
 rate (the ring against one agent as it stood before MinAtar's rate, and what the new rate bought one
 agent), and every pair of lr_sweep's rates for one agent and for the ring, and the ring against one
 agent at each rate."""
@@ -376,7 +389,7 @@ def comparison_lines(
     claim = CLAIMS.get(name)
     if claim is None:
         return []
-    pairs = [(claim.better, other) for other in claim.than] + EXTRA.get(name, [])
+    pairs = claim.pairs + EXTRA.get(name, [])
     lines = []
     for x, y in dict.fromkeys(pairs):
         if x not in settings or y not in settings or not (arms.seeds(x) and arms.seeds(y)):
@@ -420,17 +433,19 @@ def gain_lines(name: str, arms: Arms, stale: tuple[str, ...] = ()) -> list[str]:
     return lines
 
 
-def compare(claim: Claim, other: str, arms: Arms, bounds: tuple[float, float], size: float) -> tuple[str, str]:
-    """One of a claim's comparisons on its axis: (its reading, the text that shows it)."""
-    x, axis = claim.better, claim.axis
+def compare(claim: Claim, x: str, other: str, arms: Arms, bounds: tuple[float, float], size: float) -> tuple[str, str]:
+    """One of a claim's comparisons, ``x`` against ``other``, on its axis: (its reading, the text that
+    shows it)."""
+    axis = claim.axis
+    name = other if not claim.also_better else f"{x} against {other}"
     same = arms.same_window_seeds(x, other) if axis == "wall_s" and arms.seeds(other) else None
     if same == []:
         reading = "other windows" if arms.windows_recorded(x, other) else "resumed"
-        return reading, f"{other}: not compared ({no_seed_text(arms, x, other)})"
+        return reading, f"{name}: not compared ({no_seed_text(arms, x, other)})"
     if not len(arms.scores(other, axis, same)):
-        return "not run", f"{other}: no finished cell has a score there"
+        return "not run", f"{name}: no finished cell{'' if name == other else f' of {other}'} has a score there"
     if not len(arms.scores(x, axis, same)):  # none of x's cells on the seeds whose cells share a window
-        return "not run", f"{other}: no cell of {x} on the seeds compared has a score there"
+        return "not run", f"{name}: no cell of {x} on the seeds compared has a score there"
     seeds = f"({len(arms.scores(x, axis, same))} and {len(arms.scores(other, axis, same))} seeds"
     seeds += window_text(arms, x, other, same) + ")"
     x_iqm, other_iqm = (interval_text(arms.iqm(s, axis, bounds, size, same)) for s in (x, other))
@@ -510,19 +525,19 @@ def claim_lines(
             f"{claim.control[1]}): the data supports the claim where its whole interval lies above 1, contradicts it "
             "where it lies below, and cannot decide it otherwise."
         )
-    older = [arm for arm in (claim.better, *claim.than, *(claim.control or ())) if arm in stale]
+    older = [arm for arm in (*claim.betters, *claim.than, *(claim.control or ())) if arm in stale]
     if older:
         return [
             f"{head} This data **cannot decide** it: the cells of {', '.join(older)} ran under other settings than "
             "the study plans today (Older runs, above); running its command again replaces them."
         ]
-    missing = [s for s in (claim.better, *claim.than) if not len(arms.scores(s, claim.axis))]
-    if claim.better in missing or set(claim.than) <= set(missing):
+    missing = [s for s in (*claim.betters, *claim.than) if not len(arms.scores(s, claim.axis))]
+    if set(claim.betters) <= set(missing) or set(claim.than) <= set(missing):
         return [f"{head} Not tested here: no finished cell of {', '.join(missing)} has a score there."]
-    size = stats.bonferroni(len(claim.than))
-    readings, parts = zip(*(compare(claim, other, arms, bounds, size) for other in claim.than))
+    size = stats.bonferroni(len(claim.pairs))
+    readings, parts = zip(*(compare(claim, x, other, arms, bounds, size) for x, other in claim.pairs))
     return [
-        f"{head} {size_text(size, len(claim.than))}: {'; '.join(parts)}. This data {verdict(claim, list(readings))}."
+        f"{head} {size_text(size, len(claim.pairs))}: {'; '.join(parts)}. This data {verdict(claim, list(readings))}."
     ]
 
 

@@ -455,9 +455,31 @@ def test_every_graph_of_the_topology_study_is_set_beside_independent_agents_of_i
     from experiments import topology_ablation
 
     cells, settings = topology_ablation.build(False, 1_000_000, [1])
-    pairs = {(claims.CLAIMS["topology_ablation"].better, *claims.CLAIMS["topology_ablation"].than)}
-    pairs |= set(claims.EXTRA["topology_ablation"])
+    pairs = set(claims.CLAIMS["topology_ablation"].pairs) | set(claims.EXTRA["topology_ablation"])
     independent = {c.agents: c.setting for c in cells if c.swarm.topology == NO_GOSSIP}
     graphs = {(c.setting, c.agents) for c in cells if c.swarm.topology != NO_GOSSIP}
     assert {(x, independent[n]) for x, n in graphs} <= pairs
     assert {x for pair in pairs for x in pair} <= set(settings)
+
+
+def test_the_scaling_claim_is_judged_at_every_swarm_size_not_at_one():
+    """It was judged at 4 agents against one, the swarm_vs_one study's comparison again; the claim is
+    about 2 to 16 agents, so every size is set against one agent, with Bonferroni over all four."""
+    claim = claims.CLAIMS["scaling"]
+    one = [[3.0], [4.0], [5.0], [6.0], [7.0], [8.0]]
+    rings = {f"{n} agents, ring": [[v + 5.0] * n for (v,) in one] for n in (2, 4, 8, 16)}
+
+    def judged(scores) -> str:
+        (line,) = claims.claim_lines("scaling", claims.Arms(None, rows(scores)), BOUNDS, frames_per_agent=True)
+        return line
+
+    assert claim.pairs == [(ring, "1 agent (plain A2C)") for ring in rings]
+    line = judged({"1 agent (plain A2C)": one, **rings})
+    assert "98.75 % intervals (Bonferroni: 95 % over 4 comparisons)" in line
+    assert line.endswith("This data **supports** it.")
+    behind = {**rings, "8 agents, ring": [[v - 10.0] * 8 for (v,) in one]}  # 4 agents as far ahead as before
+    assert judged({"1 agent (plain A2C)": one, **behind}).endswith("This data **contradicts** it.")
+    unrun = {k: v for k, v in rings.items() if k != "16 agents, ring"}
+    line = judged({"1 agent (plain A2C)": one, **unrun})
+    assert "16 agents, ring against 1 agent (plain A2C): no cell of 16 agents, ring on the seeds compared" in line
+    assert line.endswith("an arm has no finished cell with a score there.")
