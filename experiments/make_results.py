@@ -557,16 +557,16 @@ def reference_lines(references: list[str], scores: dict[str, np.ndarray], frames
     )
 
 
-def table1_section(results: Path) -> list[str]:
-    """PALA's Table 1 shape: one row per experiments/table1 arm at its frames per agent, beside
-    SB3's A2C and PPO at the same frames, the MinAtar paper's figure and the untrained policy.
+def table1_section(results: Path, env: str = REAL_ENV) -> list[str]:
+    """PALA's Table 1 shape on ``env``: one row per experiments/table1 arm at its frames per agent,
+    beside SB3's A2C and PPO at the same frames, the MinAtar paper's figure and the untrained policy.
 
     A planned cell is read from the study's dir, else from the shared cache, which holds it when
     another study ran the same configuration (the study itself would reuse that run)."""
-    out = results / "table1"
+    out = results / table1.GAMES[env]
     meta = json.loads((out / "study.json").read_text()) if (out / "study.json").exists() else {}
-    env, frames, quick = meta.get("env", REAL_ENV), meta.get("frames_per_cell", table1.FRAMES), meta.get("quick", False)
-    command = meta.get("command", table1.COMMAND).strip()
+    env, frames, quick = meta.get("env", env), meta.get("frames_per_cell", table1.FRAMES), meta.get("quick", False)
+    command = meta.get("command", table1.command_for(env)).strip()
     cells, settings = planned_cells(table1.STUDY, quick, frames, meta.get("seeds", table1.SEEDS))
     finished = {cell_key(r["setting"], r["seed"]): r for r in load_rows(out, cells)}
     cached = set()
@@ -579,7 +579,7 @@ def table1_section(results: Path) -> list[str]:
     rows = list(finished.values())
     references = reference_rows(results, env, frames)
     lines = [
-        f"## {table1.STUDY.title}",
+        f"## {table1.STUDY.title}" + ("" if out.name == "table1" else f": {env}"),
         "",
         f"**Question.** {table1.STUDY.question[0].upper()}{table1.STUDY.question[1:]}",
         "",
@@ -887,7 +887,8 @@ def main(results, output):
     for name in STUDIES:
         lines += study_section(name, results)
     lines += across_games_lines(results)
-    lines += table1_section(results)
+    for env in table1.GAMES:
+        lines += table1_section(results, env)
     lines += baselines_sections(results)
     lines += readme_seeds_section(results)
     output.write_text("\n".join(lines))

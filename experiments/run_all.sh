@@ -36,6 +36,8 @@ run baselines --out experiments/results/baselines
 run baselines --env MinAtar/SpaceInvaders-v1 --out experiments/results/baselines-spaceinvaders
 run learners --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/learners
 run table1 --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/table1
+run table1 --env MinAtar/SpaceInvaders-v1 --frames 1000000 --seeds 1,2,3,4,5 \
+    --out experiments/results/table1_spaceinvaders
 # The papers' questions at 1M frames per agent, 5 seeds, two games: about 1.1 G frames (a 16-agent cell
 # is 16M), 14-28 hours of this 2-core VM when nothing else runs (4-agent swarms train 11-22k frames/s
 # then), two to three times that beside other work. Small swarms first on each game. `--plan` on a

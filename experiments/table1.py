@@ -1,4 +1,5 @@
-"""PALA's Table 1 on MinAtar Breakout: A2C, PALA-A2C, GALA-A2C, PPO and IMPALA at one frame budget.
+"""PALA's Table 1 on MinAtar Breakout and SpaceInvaders: A2C, PALA-A2C, GALA-A2C, PPO and IMPALA at
+one frame budget.
 
 PALA's Table 1 sets each method's score at a fixed budget of frames side by side. Here every
 agent gets ``--frames`` (a ring of 4 trains 4x as many in all), and the arms are:
@@ -24,6 +25,8 @@ RESULTS.md's "Table 1 on MinAtar" section sets the arms beside Stable-Baselines3
 the MinAtar paper's published AC(λ) and the untrained policy.
 
     python -m experiments.table1 --frames 1000000 --seeds 1,2,3,4,5 --out experiments/results/table1
+    python -m experiments.table1 --env MinAtar/SpaceInvaders-v1 --frames 1000000 --seeds 1,2,3,4,5 \
+        --out experiments/results/table1_spaceinvaders
     python -m experiments.table1 --quick
 """
 
@@ -32,7 +35,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from experiments import learners, swarm_vs_one
-from experiments.common import Cell
+from experiments.common import REAL_ENV, Cell
 from experiments.study import Study, command
 
 ONE = "A2C, 1 agent"
@@ -49,12 +52,21 @@ SOURCES = {
 
 FRAMES = 1_000_000
 SEEDS = [1, 2, 3, 4, 5]
-COMMAND = (
-    f"python -m experiments.table1 --frames {FRAMES} --seeds {','.join(map(str, SEEDS))} "
-    "--out experiments/results/table1"
-)
-"""The run RESULTS.md's Table 1 plans (experiments/run_all.sh runs it): the budget of PALA's
-comparison scaled to MinAtar, and the seeds of the studies it shares cells with."""
+GAMES = {REAL_ENV: "table1", "MinAtar/SpaceInvaders-v1": "table1_spaceinvaders"}
+"""The games RESULTS.md sets a Table 1 for, and each one's results dir."""
+
+
+def command_for(env: str) -> str:
+    """The run RESULTS.md's Table 1 on ``env`` plans (experiments/run_all.sh runs it): the budget of
+    PALA's comparison scaled to MinAtar, and the seeds of the studies it shares cells with."""
+    game = "" if env == REAL_ENV else f" --env {env}"
+    return (
+        f"python -m experiments.table1{game} --frames {FRAMES} --seeds {','.join(map(str, SEEDS))} "
+        f"--out experiments/results/{GAMES[env]}"
+    )
+
+
+COMMAND = command_for(REAL_ENV)
 
 
 def build(quick: bool, frames_per_agent: int, seeds: list[int]) -> tuple[list[Cell], list[str]]:

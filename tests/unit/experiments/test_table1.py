@@ -73,9 +73,28 @@ def test_gala_is_palas_ring_in_async_mode_with_nothing_else_changed():
     assert (gala.agent, gala.a2c, gala.total_frames, gala.agents) == (pala.agent, pala.a2c, 4_000_000, 4)
 
 
-def test_run_all_runs_the_command_results_md_plans():
-    run_all = (Path(table1.__file__).parent / "run_all.sh").read_text()
+def test_run_all_runs_the_command_results_md_plans_on_each_game():
+    run_all = (Path(table1.__file__).parent / "run_all.sh").read_text().replace("\\\n    ", "")
     assert table1.COMMAND.replace("python -m experiments.", "run ") in run_all.splitlines()
+    for env in table1.GAMES:
+        assert table1.command_for(env).replace("python -m experiments.", "run ") in run_all.splitlines(), env
+
+
+def test_a_second_games_table1_reads_that_games_cells_and_plans_its_own_dir(tmp_path):
+    """SpaceInvaders' Table 1 is read from that game's cells alone (its A2C arms are swarm_vs_one's
+    there), and names the command that runs the rest into its own dir."""
+    env = "MinAtar/SpaceInvaders-v1"
+    shared = tmp_path / "_shared"
+    shared.mkdir()
+    cells, _ = table1.build(False, table1.FRAMES, table1.SEEDS)
+    for game, score in ((env, 50.0), (REAL_ENV, 5.0)):
+        for cell in (c for c in cells if c.setting == "A2C, 1 agent"):
+            row = {"setting": "1 agent", "seed": cell.seed, "per_agent_last100": [score]}
+            (shared / f"{cell_fingerprint(cell, game, 10)}.json").write_text(json.dumps(row))
+    text = "\n".join(make_results.table1_section(tmp_path, env))
+    assert text.startswith(f"## {table1.STUDY.title}: {env}")
+    assert "| A2C, 1 agent | 1 | 1,000,000 | 5 | 50.00" in text
+    assert "--out experiments/results/table1_spaceinvaders`" in text and f"--env {env}" in text
 
 
 def test_table1_section_reads_cells_from_the_shared_cache_and_names_the_missing_ones(tmp_path):
