@@ -315,31 +315,40 @@ def iqm_lines(arms: claims.Arms, settings: list[str], bounds: tuple[float, float
     return lines
 
 
-def across_games_lines(results: Path) -> list[str]:
-    """P(X > Y) for the swarm_vs_one study's comparisons over every game the swarm_vs_one study ran on (a dir per game),
-    averaged over games with each game's seeds resampled on their own: the scale-free summary of
-    the study across games (an IQM across games would need their scores normalised first)."""
-    games = {}
-    for out in sorted(results.glob("swarm_vs_one*")):
-        if (out / "study.json").exists():
-            meta = json.loads((out / "study.json").read_text())
-            cells, _ = planned_cells(swarm_vs_one.STUDY, meta["quick"], meta["frames_per_cell"], meta["seeds"])
-            games[meta["env"]] = load_rows(out, cells)
+def across_games_pairs() -> dict[str, list[tuple[str, str]]]:
+    """The studies read across games, and their comparisons: a ring of 4 against one agent at the
+    studies' rate (with the Atari rate and the equal-total arms), and at MinAtar's default since lr_confirm."""
     claim, equal = claims.CLAIMS["swarm_vs_one"], claims.EQUAL_TOTAL["swarm_vs_one"]
+    return {
+        "swarm_vs_one": claim.pairs + claims.EXTRA["swarm_vs_one"] + [(equal.swarm, equal.total)],
+        "lr_confirm": claims.CLAIMS["lr_confirm"].pairs,
+    }
+
+
+def across_games_lines(results: Path) -> list[str]:
+    """P(X > Y) for each of ``across_games_pairs``' comparisons over every game its study ran on (a dir
+    per game), averaged over games with each game's seeds resampled on their own: the scale-free summary
+    across games (an IQM across games would need their scores normalised first)."""
     parts = []
-    pairs = (
-        [(claim.better, other) for other in claim.than] + claims.EXTRA["swarm_vs_one"] + [(equal.swarm, equal.total)]
-    )
-    for reference, other in pairs:
-        played = {
-            env: rows for env, rows in games.items() if len(by_seed(rows, reference)) and len(by_seed(rows, other))
-        }
-        if len(played) < 2:
-            continue
-        estimate = stats.improvement_interval(
-            [by_seed(rows, reference) for rows in played.values()], [by_seed(rows, other) for rows in played.values()]
-        )
-        parts.append(f"P({reference} > {other}) over {', '.join(played)} = {claims.interval_text(estimate)}")
+    for name, pairs in across_games_pairs().items():
+        study = importlib.import_module(f"experiments.{name}").STUDY
+        games = {}
+        for out in sorted(results.glob(f"{name}*")):
+            meta = json.loads((out / "study.json").read_text()) if (out / "study.json").exists() else {}
+            if meta.get("study", out.name) == name:
+                cells, _ = planned_cells(study, meta["quick"], meta["frames_per_cell"], meta["seeds"])
+                games[meta["env"]] = load_rows(out, cells)
+        for reference, other in pairs:
+            played = {
+                env: rows for env, rows in games.items() if len(by_seed(rows, reference)) and len(by_seed(rows, other))
+            }
+            if len(played) < 2:
+                continue
+            estimate = stats.improvement_interval(
+                [by_seed(rows, reference) for rows in played.values()],
+                [by_seed(rows, other) for rows in played.values()],
+            )
+            parts.append(f"P({reference} > {other}) over {', '.join(played)} = {claims.interval_text(estimate)}")
     if not parts:
         return []
     return [

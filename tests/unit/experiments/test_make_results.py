@@ -63,3 +63,33 @@ def test_an_older_run_standing_in_for_a_cell_does_not_count_it_finished(tmp_path
 
     assert older == {older_ring.key}
     assert make_results.cells_done(tmp_path, cells, older) == {one.key}
+
+
+def test_the_across_games_summary_reads_lr_confirm_beside_swarm_vs_one(tmp_path):
+    """The finding MinAtar's default rests on (lr_confirm, on two games) belongs in the across-games
+    summary; a dir named like a study but holding another is not read as it."""
+    from experiments import lr_confirm
+
+    cells, _ = lr_confirm.build(False, 1_000_000, [6, 7, 8])
+    for folder, env, study in (
+        ("lr_confirm", "MinAtar/Breakout-v1", "lr_confirm"),
+        ("lr_confirm_spaceinvaders", "MinAtar/SpaceInvaders-v1", "lr_confirm"),
+        ("lr_confirm_other", "MinAtar/Asterix-v1", "lr_sweep"),
+    ):
+        (tmp_path / folder / "cells").mkdir(parents=True)
+        meta = {"study": study, "env": env, "quick": False, "frames_per_cell": 1_000_000, "seeds": [6, 7, 8]}
+        (tmp_path / folder / "study.json").write_text(json.dumps(meta))
+        for cell in cells:
+            ring = cell.agents > 1
+            row = {
+                "setting": cell.setting,
+                "seed": cell.seed,
+                "per_agent_last100": [10.0 if ring else 1.0] * cell.agents,
+            }
+            (tmp_path / folder / "cells" / f"{cell.key}.json").write_text(json.dumps(row))
+
+    (text,) = [line for line in make_results.across_games_lines(tmp_path) if line.startswith("Probability")]
+
+    assert (
+        "P(ring of 4, lr 2.8e-3 > 1 agent, lr 2.8e-3) over MinAtar/Breakout-v1, MinAtar/SpaceInvaders-v1 = 1.00" in text
+    )
