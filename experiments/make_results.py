@@ -212,6 +212,7 @@ def study_section(folder: str, results: Path) -> list[str]:
             "wall-clock and frames/s add sessions under different machine load.",
         ]
     lines += plane_lines(rows)
+    lines += shared_lines(rows, settings, studies_that_ran(results, exclude=folder))
     if not rows:
         return lines + [""]
     finish(as_run, out, rows, settings, meta["env"], meta["threshold"], older)
@@ -658,6 +659,25 @@ def table1_section(results: Path, env: str = REAL_ENV) -> list[str]:
     if missing:
         lines += [f"**Missing cells**: {'; '.join(missing)}. They run with `{command}` (finished cells are kept).", ""]
     return lines
+
+
+def shared_lines(rows: list[dict], settings: list[str], elsewhere: dict[str, set[str]]) -> list[str]:
+    """The settings whose every cell is a run other study dirs hold too (``studies_that_ran``): the
+    same runs under another name there, so a comparison read in both is one finding, not two."""
+    parts = []
+    for setting in settings:
+        mine = [r.get("fingerprint") for r in rows if r["setting"] == setting]
+        if mine and all(fingerprint in elsewhere for fingerprint in mine):
+            dirs = sorted(set.intersection(*(elsewhere[fingerprint] for fingerprint in mine)))
+            if dirs:
+                parts.append(f"{setting} ({', '.join(dirs)})")
+    if not parts:
+        return []
+    return [
+        "",
+        f"**Shared cells.** Every cell of these settings is a run the named studies hold too: {'; '.join(parts)}. "
+        "A comparison between them read here and there is one finding, not two.",
+    ]
 
 
 def studies_that_ran(results: Path, exclude: str) -> dict[str, set[str]]:

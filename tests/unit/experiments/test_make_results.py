@@ -93,3 +93,20 @@ def test_the_across_games_summary_reads_lr_confirm_beside_swarm_vs_one(tmp_path)
     assert (
         "P(ring of 4, lr 2.8e-3 > 1 agent, lr 2.8e-3) over MinAtar/Breakout-v1, MinAtar/SpaceInvaders-v1 = 1.00" in text
     )
+
+
+def test_settings_whose_cells_other_studies_hold_are_named_as_one_finding():
+    """The topology study's ring and independent agents at 4 are the ordering study's sync and
+    independent arms: RESULTS.md names such settings, and only where every cell is shared."""
+    rows = [
+        {"setting": "ring", "seed": 1, "fingerprint": "a"},
+        {"setting": "ring", "seed": 2, "fingerprint": "b"},
+        {"setting": "full", "seed": 1, "fingerprint": "c"},
+        {"setting": "full", "seed": 2, "fingerprint": "d"},
+    ]
+    elsewhere = {"a": {"ordering", "scaling"}, "b": {"ordering"}, "c": {"ordering"}}
+
+    (_, line) = make_results.shared_lines(rows, ["ring", "full"], elsewhere)
+
+    assert "too: ring (ordering). A comparison" in line and "full" not in line
+    assert make_results.shared_lines(rows, ["full"], elsewhere) == []
