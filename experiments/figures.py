@@ -107,16 +107,24 @@ def study_figure(
     fig.savefig(path, dpi=110)
 
 
-def wall_clock_caveat(rows: list[dict]) -> str:
-    """What the wall-clock panel cannot show: arms whose cells ran under different machine loads (another
-    call of a study, another study's cached cell, a resumed cell) are drawn on one time axis, but their
-    time compares only where RESULTS.md says (claims.Arms.same_window_seeds)."""
+def load_windows(rows: list[dict]) -> str:
+    """Under what machine load the cells ran: "unrecorded" (no cell records its window), "several"
+    (another call of a study, another study's cached cell or a resumed cell among them) or "one"."""
     if all(r.get("window") is None for r in rows):
-        return "\nload windows not recorded; RESULTS.md says what compares"
+        return "unrecorded"
     resumed = any((r.get("sessions") or 1) > 1 for r in rows)
-    if resumed or len({r.get("window") for r in rows}) > 1:
-        return "\ncells ran under different loads; RESULTS.md says what compares"
-    return ""
+    return "several" if resumed or len({r.get("window") for r in rows}) > 1 else "one"
+
+
+def wall_clock_caveat(rows: list[dict]) -> str:
+    """What the wall-clock panel cannot show: arms whose cells ran under different machine loads are
+    drawn on one time axis, but their time compares only where RESULTS.md says
+    (claims.Arms.same_window_seeds)."""
+    return {
+        "unrecorded": "\nload windows not recorded; RESULTS.md says what compares",
+        "several": "\ncells ran under different loads; RESULTS.md says what compares",
+        "one": "",
+    }[load_windows(rows)]
 
 
 def _draw_band(ax, xs: np.ndarray, curves: np.ndarray, bounds: tuple[float, float], color: str, label: str) -> None:

@@ -41,7 +41,7 @@ from experiments.common import (
     shared_row,
     shown_rows,
 )
-from experiments.figures import reference_figure
+from experiments.figures import load_windows, reference_figure
 from experiments.study import METRICS, RESULTS, default_eval_episodes, finish, planned_cells
 from experiments.untrained import untrained_score, untrained_text
 from gossiprl.rl.settings import MINATAR_LR
@@ -311,9 +311,20 @@ def iqm_lines(arms: claims.Arms, settings: list[str], bounds: tuple[float, float
             parts.append(f"{setting} {claims.interval_text(estimate)} ({seeds} seed(s){few})")
         lines.append(
             f"- IQM of every agent's own last-100 score {claims.axis_text(axis, arms, frames_per_agent)}, "
-            f"95 % stratified-bootstrap interval over seeds: {'; '.join(parts)}."
+            f"95 % stratified-bootstrap interval over seeds: {'; '.join(parts)}"
+            + (WINDOWS_SAID[load_windows(arms.rows)] if axis == "wall_s" else "")
+            + "."
         )
     return lines
+
+
+WINDOWS_SAID = {
+    "unrecorded": " (these cells record no window of machine load: a description, no comparison)",
+    "several": " (the cells ran under different machine loads: settings compare in time only where a comparison "
+    "below reads them)",
+    "one": "",
+}
+"""What the equal-wall-clock IQMs can be read as, by ``figures.load_windows``."""
 
 
 def across_games_pairs() -> dict[str, list[tuple[str, str]]]:
