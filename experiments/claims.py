@@ -1,7 +1,8 @@
 """The papers' claims each study tests, and how its cells judge them: by interval estimates of
 experiments/stats.py on the axis the claim is about, never by whether two t-intervals overlap.
 
-A claim says one arm X scores at least as well as each of some arms Y. Most are judged by the
+A claim says one arm X scores at least as well as each of some arms Y (or, about several arms, each
+X as well as its own Y). Most are judged by the
 probability of improvement P(X > Y) (an agent of X, drawn at random, ends above one of Y) and its
 stratified-bootstrap interval: a comparison is *higher* where the interval lies above 0.5, *lower*
 where it lies below, and cannot tell the arms apart where it holds 0.5. "At least as well" is never
@@ -69,25 +70,37 @@ class Claim:
     """For a claim that a change helps ``better`` beyond what it does elsewhere: the control's arms with
     and without the change. Judged by the gain ratio (IQM(better) / IQM(than)) / (IQM(control[0]) /
     IQM(control[1])) against 1 (None: the claim's own arms alone)."""
-    also_better: tuple[str, ...] = ()
-    """Further arms the claim says the same of, each against each of ``than``: the scaling claim is
-    about every swarm size, not one."""
+    comparisons: tuple[tuple[str, str], ...] = ()
+    """For a claim about several arms, each against its own: the (X, Y) pairs it is judged by, in place
+    of ``better`` against each of ``than`` (which name its first pair). The scaling claim is about every
+    swarm size, the topology claim about every graph at each size."""
 
     def __post_init__(self):
         if self.control is not None and (self.axis != "frames" or len(self.than) != 1 or self.margin is not None):
             raise ValueError(f"{self.source}: a claim with a control compares one arm per frame, with no margin")
-        if self.also_better and (self.control is not None or self.margin is not None):
+        if self.comparisons and (self.control is not None or self.margin is not None):
             raise ValueError(f"{self.source}: a claim about several arms is judged by P, with no control or margin")
-
-    @property
-    def betters(self) -> tuple[str, ...]:
-        return (self.better, *self.also_better)
+        if self.comparisons and self.comparisons[0] != (self.better, self.than[0]):
+            raise ValueError(f"{self.source}: better and than name a claim's first comparison")
 
     @property
     def pairs(self) -> list[tuple[str, str]]:
-        """The claim's comparisons, (X, Y): each arm it is about against each of ``than``."""
-        return [(x, y) for x in self.betters for y in self.than]
+        """The claim's comparisons, (X, Y)."""
+        return list(self.comparisons) or [(self.better, y) for y in self.than]
 
+    @property
+    def arms(self) -> list[str]:
+        """Every arm the claim's comparisons read."""
+        return list(dict.fromkeys(arm for pair in self.pairs for arm in pair))
+
+
+SCALING_PAIRS = tuple((f"{n} agents, ring", "1 agent (plain A2C)") for n in (2, 4, 8, 16))
+TOPOLOGY_PAIRS = tuple(
+    (f"{topology}, {n} agents", f"none (independent), {n} agents")
+    for n in (4, 8)
+    for topology in topology_ablation.TOPOLOGIES
+    if topology != NO_GOSSIP
+)
 
 CLAIMS = {
     "swarm_learning": Claim(
@@ -148,25 +161,29 @@ CLAIMS = {
         "cells' wall-clock is confounded by the load of the window each ran in",
     ),
     "topology_ablation": Claim(
-        "GALA and PALA",
-        "gossiping agents learn more per agent step than independent ones",
-        "ring, 4 agents",
-        ("none (independent), 4 agents",),
+        "GALA (its one-peer exponential graph) and PALA (its ring)",
+        "gossiping agents learn more per agent step than independent ones, whichever graph they gossip on (ring, "
+        "sparse, full, one-peer-exponential), at 4 and at 8 agents",
+        TOPOLOGY_PAIRS[0][0],
+        (TOPOLOGY_PAIRS[0][1],),
         "frames",
-        "both arms have 4 agents and the same frames, and their wall-clock ran in other windows of load (Note)",
+        "each graph is set against independent agents of its size, with the same frames; their wall-clock ran in "
+        "other windows of load (Note). The claim read the ring of 4 alone until 2026-11-29, when a review found it "
+        "named one graph of the four the study runs; it was widened after the 4-agent cells were known",
+        comparisons=TOPOLOGY_PAIRS,
     ),
     "scaling": Claim(
         "PALA Figs. 6-8",
         "gossiping agents, 2 to 16 of them, learn at least as much per agent step as one agent, so that with each "
         "agent on its own cores and GPU more agents reach a score sooner in wall-clock time (Fig. 7: the time "
         "efficiency decays past 16-24 agents)",
-        "2 agents, ring",
-        ("1 agent (plain A2C)",),
+        SCALING_PAIRS[0][0],
+        (SCALING_PAIRS[0][1],),
         "frames",
         "with each agent on its own hardware, as in the paper, an agent's frames are its wall-clock (plus the "
         "gossip's share, which the time split gives); on these 2 shared cores more agents bring no more cores, "
         "so the cells' own seconds measure the sharing, not the claim",
-        also_better=("4 agents, ring", "8 agents, ring", "16 agents, ring"),
+        comparisons=SCALING_PAIRS,
     ),
     "batch_period": Claim(
         "this project's own question, not a paper's claim (PALA Fig. 12 varies the batch size, not the gossip period)",
@@ -200,12 +217,6 @@ EXTRA = {
     ],
     "learners": [("PPO, ring of 4", "PPO, 1 agent"), ("IMPALA, ring of 4", "IMPALA, 1 agent")],
     "ordering_ablation": [("sync (turn locks)", "sync, overlapped")],
-    "topology_ablation": [
-        (f"{topology}, {n} agents", f"none (independent), {n} agents")
-        for n in (4, 8)
-        for topology in topology_ablation.TOPOLOGIES
-        if topology != NO_GOSSIP
-    ],
     "swarm_vs_one": [(swarm_vs_one.RING_ATARI, swarm_vs_one.ONE_ATARI), ("1 agent", swarm_vs_one.ONE_ATARI)],
     "lr_sweep": [
         (f"{layout}, {rate}", f"{layout}, {other}")
@@ -215,8 +226,7 @@ EXTRA = {
     + [(f"ring of 4, {rate}", f"1 agent, {rate}") for rate in lr_sweep.RATES],
 }
 """Comparisons a study reports beside its claim's: swarm_learning's every ring against its control,
-the learners study's ring of each learner against its one agent, the topology study's every graph
-against independent agents of its size (the issue's question is at 8 agents), swarm_vs_one's arms at A2C's Atari
+the learners study's ring of each learner against its one agent, swarm_vs_one's arms at A2C's Atari
 rate (the ring against one agent as it stood before MinAtar's rate, and what the new rate bought one
 agent), and every pair of lr_sweep's rates for one agent and for the ring, and the ring against one
 agent at each rate."""
@@ -437,15 +447,16 @@ def compare(claim: Claim, x: str, other: str, arms: Arms, bounds: tuple[float, f
     """One of a claim's comparisons, ``x`` against ``other``, on its axis: (its reading, the text that
     shows it)."""
     axis = claim.axis
-    name = other if not claim.also_better else f"{x} against {other}"
+    name = other if not claim.comparisons else f"{x} against {other}"
     same = arms.same_window_seeds(x, other) if axis == "wall_s" and arms.seeds(other) else None
     if same == []:
         reading = "other windows" if arms.windows_recorded(x, other) else "resumed"
         return reading, f"{name}: not compared ({no_seed_text(arms, x, other)})"
     if not len(arms.scores(other, axis, same)):
         return "not run", f"{name}: no finished cell{'' if name == other else f' of {other}'} has a score there"
-    if not len(arms.scores(x, axis, same)):  # none of x's cells on the seeds whose cells share a window
-        return "not run", f"{name}: no cell of {x} on the seeds compared has a score there"
+    if not len(arms.scores(x, axis, same)):  # none of x's cells (on the seeds whose cells share a window)
+        where = "" if same is None else " on the seeds compared"
+        return "not run", f"{name}: no cell of {x}{where} has a score there"
     seeds = f"({len(arms.scores(x, axis, same))} and {len(arms.scores(other, axis, same))} seeds"
     seeds += window_text(arms, x, other, same) + ")"
     x_iqm, other_iqm = (interval_text(arms.iqm(s, axis, bounds, size, same)) for s in (x, other))
@@ -525,14 +536,14 @@ def claim_lines(
             f"{claim.control[1]}): the data supports the claim where its whole interval lies above 1, contradicts it "
             "where it lies below, and cannot decide it otherwise."
         )
-    older = [arm for arm in (*claim.betters, *claim.than, *(claim.control or ())) if arm in stale]
+    older = [arm for arm in (*claim.arms, *(claim.control or ())) if arm in stale]
     if older:
         return [
             f"{head} This data **cannot decide** it: the cells of {', '.join(older)} ran under other settings than "
             "the study plans today (Older runs, above); running its command again replaces them."
         ]
-    missing = [s for s in (*claim.betters, *claim.than) if not len(arms.scores(s, claim.axis))]
-    if set(claim.betters) <= set(missing) or set(claim.than) <= set(missing):
+    missing = [s for s in claim.arms if not len(arms.scores(s, claim.axis))]
+    if {x for x, _ in claim.pairs} <= set(missing) or {y for _, y in claim.pairs} <= set(missing):
         return [f"{head} Not tested here: no finished cell of {', '.join(missing)} has a score there."]
     size = stats.bonferroni(len(claim.pairs))
     readings, parts = zip(*(compare(claim, x, other, arms, bounds, size) for x, other in claim.pairs))

@@ -602,8 +602,11 @@ def _time_split(summaries: list[dict], curves: list[dict]) -> dict:
 def training_fps(curve: list[dict], default: float) -> float:
     """The swarm's frames per second of training: every agent's frames over the longest any agent's
     own training clock ran (each agent logs a last row when its budget is spent). That clock starts
-    when the agent's training does and adds a resumed run's sessions, so process start-up, waiting
-    for the swarm to form and the final scoring are left out. ``default`` where the curve has no rows."""
+    when the agent's training does and adds a resumed run's sessions, so process start-up and the
+    final scoring are left out; a sync agent's wait for its peers' first letters is in. Agents that
+    wait for no peer (independent or async) may start their clocks apart, by the spread of their
+    start-ups (seconds, in cells of minutes): there it reads a little high. ``default`` where the
+    curve has no rows."""
     last = {row["agent"]: row for row in curve}
     seconds = max((row["wall_s"] for row in last.values()), default=0.0)
     return sum(row["frames"] for row in last.values()) / seconds if seconds > 0 else default

@@ -35,6 +35,7 @@ from experiments.common import (
     cell_key,
     ci95,
     load_rows,
+    older_keys,
     read_curves,
     read_record,
     score_bounds,
@@ -170,6 +171,7 @@ def study_section(folder: str, results: Path) -> list[str]:
     rows, older, hidden_cells = shown_rows(out, cells, meta["env"], replanned)
     hidden = [f"{c.setting} seed {c.seed}" for c in hidden_cells]
     stale = list(dict.fromkeys(r["setting"] for r in rows if cell_key(r["setting"], r["seed"]) in older))
+    todays_settings = [s for s in settings if s not in stale]  # a study all of whose cells are older has none
     done = cells_done(out, cells, older)
     missing = [f"{c.setting} seed {c.seed}" for c in cells if c.key not in done]
     title = meta["title"] if folder == name else f"{meta['title']}: {meta['env']}"
@@ -198,8 +200,9 @@ def study_section(folder: str, results: Path) -> list[str]:
             "the study plans today (A2C's MinAtar rate was 7e-4 before 2026-11-27; "
             "experiments.common.LOOP_VERSION says what else changed"
             + ("; and this study's --frames was the whole swarm's then, each agent's now" if replanned else "")
-            + "): the table shows them as they ran; no verdict is read off them and the IQM lists leave them out; "
-            "running the study's command again replaces them.",
+            + "): the table shows them as they ran; no verdict is read off them"
+            + (" and the IQM lists leave them out" if todays_settings else "")
+            + "; running the study's command again replaces them.",
         ]
     if hidden:
         lines += ["", f"**Left out** beside today's cells of the same setting, as older runs: {', '.join(hidden)}."]
@@ -253,7 +256,7 @@ def study_section(folder: str, results: Path) -> list[str]:
     lines += [f"**What the data says{so_far if missing else ''}.**", ""]
     lines += claims.claim_lines(name, arms, bounds, frames_per_agent, tuple(stale))
     lines += claims.equal_total_lines(name, arms, bounds, tuple(stale))
-    lines += iqm_lines(arms, [s for s in settings if s not in stale] or settings, bounds, frames_per_agent)
+    lines += iqm_lines(arms, todays_settings or settings, bounds, frames_per_agent)
     lines += claims.comparison_lines(name, arms, settings, frames_per_agent, tuple(stale))
     today = [e for e in table.values() if e["setting"] not in stale] or list(table.values())
     lines += [
@@ -346,10 +349,13 @@ def across_games_lines(results: Path) -> list[str]:
         study = importlib.import_module(f"experiments.{name}").STUDY
         games = {}
         for out in sorted(results.glob(f"{name}*")):
-            meta = json.loads((out / "study.json").read_text()) if (out / "study.json").exists() else {}
+            if not (out / "study.json").exists():
+                continue
+            meta = json.loads((out / "study.json").read_text())
             if meta.get("study", out.name) == name:
                 cells, _ = planned_cells(study, meta["quick"], meta["frames_per_cell"], meta["seeds"])
-                games[meta["env"]] = load_rows(out, cells)
+                older = older_keys(out, cells, meta["env"])  # another plan's runs answer another question
+                games[meta["env"]] = load_rows(out, [c for c in cells if c.key not in older])
         for reference, other in pairs:
             played = {
                 env: rows for env, rows in games.items() if len(by_seed(rows, reference)) and len(by_seed(rows, other))
@@ -589,7 +595,8 @@ def table1_section(results: Path, env: str = REAL_ENV) -> list[str]:
     env, frames, quick = meta.get("env", env), meta.get("frames_per_cell", table1.FRAMES), meta.get("quick", False)
     command = meta.get("command", table1.command_for(env)).strip()
     cells, settings = planned_cells(table1.STUDY, quick, frames, meta.get("seeds", table1.SEEDS))
-    finished = {cell_key(r["setting"], r["seed"]): r for r in load_rows(out, cells)}
+    older = older_keys(out, cells, env)
+    finished = {cell_key(r["setting"], r["seed"]): r for r in load_rows(out, [c for c in cells if c.key not in older])}
     cached = set()
     for c in cells:
         if c.key not in finished:

@@ -294,11 +294,14 @@ def test_a_cells_frames_per_second_are_read_off_its_agents_training_clocks(tmp_p
     (tmp_path / "curves" / "cell.csv").write_text("\n".join(lines) + "\n")
     (tmp_path / "cells" / "cell.json").write_text(json.dumps({"setting": "s", "fps": 40.0, "gossip_share": 0.0}))
     (tmp_path / "cells" / "library.json").write_text(json.dumps({"setting": "sb3", "fps": 40.0}))
+    (tmp_path / "curves" / "unlogged.csv").write_text(lines[0] + "\n")
+    (tmp_path / "cells" / "unlogged.json").write_text(json.dumps({"setting": "u", "fps": 40.0, "gossip_share": 0.0}))
 
     rows = {r["setting"]: r for r in load_rows(tmp_path)}
 
     assert rows["s"]["fps"] == pytest.approx(2000 / 20)
     assert rows["sb3"]["fps"] == 40.0  # a library's row keeps the figure its own clock gave
+    assert rows["u"]["fps"] == 40.0  # a curve with no rows has no clock to read
 
 
 @pytest.mark.parametrize("record", ["{bad", "[1, 2]"])

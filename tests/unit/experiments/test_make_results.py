@@ -54,7 +54,7 @@ def test_an_older_run_standing_in_for_a_cell_does_not_count_it_finished(tmp_path
     env = "MinAtar/Breakout-v1"
     cells, _ = scaling.build(False, 1_000_000, [1])
     (tmp_path / "cells").mkdir()
-    one, older_ring, _ = cells[0], cells[-1], cells[1]
+    one, older_ring = cells[0], cells[-1]
     for cell, fingerprint in ((one, cell_fingerprint(one, env, 10)), (older_ring, "an older loop's")):
         row = {"setting": cell.setting, "seed": 1, "eval_episodes": 10, "fingerprint": fingerprint}
         (tmp_path / "cells" / f"{cell.key}.json").write_text(json.dumps(row))
@@ -70,14 +70,14 @@ def test_the_across_games_summary_reads_lr_confirm_beside_swarm_vs_one(tmp_path)
     summary; a dir named like a study but holding another is not read as it."""
     from experiments import lr_confirm
 
-    cells, _ = lr_confirm.build(False, 1_000_000, [6, 7, 8])
+    cells, _ = lr_confirm.build(False, 1_000_000, [6, 7, 8, 9])
     for folder, env, study in (
         ("lr_confirm", "MinAtar/Breakout-v1", "lr_confirm"),
         ("lr_confirm_spaceinvaders", "MinAtar/SpaceInvaders-v1", "lr_confirm"),
         ("lr_confirm_other", "MinAtar/Asterix-v1", "lr_sweep"),
     ):
         (tmp_path / folder / "cells").mkdir(parents=True)
-        meta = {"study": study, "env": env, "quick": False, "frames_per_cell": 1_000_000, "seeds": [6, 7, 8]}
+        meta = {"study": study, "env": env, "quick": False, "frames_per_cell": 1_000_000, "seeds": [6, 7, 8, 9]}
         (tmp_path / folder / "study.json").write_text(json.dumps(meta))
         for cell in cells:
             ring = cell.agents > 1
@@ -85,14 +85,23 @@ def test_the_across_games_summary_reads_lr_confirm_beside_swarm_vs_one(tmp_path)
                 "setting": cell.setting,
                 "seed": cell.seed,
                 "per_agent_last100": [10.0 if ring else 1.0] * cell.agents,
+                "fingerprint": cell_fingerprint(cell, env, 10),
+                "eval_episodes": 10,
             }
             (tmp_path / folder / "cells" / f"{cell.key}.json").write_text(json.dumps(row))
 
+    (tmp_path / "swarm_vs_one" / "cells").mkdir(parents=True)  # a study's dir with no study.json yet
     (text,) = [line for line in make_results.across_games_lines(tmp_path) if line.startswith("Probability")]
 
     assert (
-        "P(ring of 4, lr 2.8e-3 > 1 agent, lr 2.8e-3) over MinAtar/Breakout-v1, MinAtar/SpaceInvaders-v1 = 1.00" in text
+        "P(ring of 4, lr 2.8e-3 > 1 agent, lr 2.8e-3) over MinAtar/Breakout-v1, MinAtar/SpaceInvaders-v1 = "
+        "1.00 [1.00, 1.00]" in text
     )
+    ring = next(c for c in cells if c.agents > 1 and c.seed == 6)  # an older run of another plan is not read
+    path = tmp_path / "lr_confirm_spaceinvaders" / "cells" / f"{ring.key}.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "fingerprint": "older", "per_agent_last100": [0.0]}))
+    (text,) = [line for line in make_results.across_games_lines(tmp_path) if line.startswith("Probability")]
+    assert "= 1.00 [1.00, 1.00]" in text
 
 
 def test_settings_whose_cells_other_studies_hold_are_named_as_one_finding():
