@@ -590,10 +590,10 @@ def table1_section(results: Path, env: str = REAL_ENV) -> list[str]:
 
     A planned cell is read from the study's dir, else from the shared cache, which holds it when
     another study ran the same configuration (the study itself would reuse that run)."""
-    out = results / table1.GAMES[env]
+    out, planned = results / table1.GAMES[env], table1.command_for(env)
     meta = json.loads((out / "study.json").read_text()) if (out / "study.json").exists() else {}
     env, frames, quick = meta.get("env", env), meta.get("frames_per_cell", table1.FRAMES), meta.get("quick", False)
-    command = meta.get("command", table1.command_for(env)).strip()
+    command = meta.get("command", planned).strip()  # a --quick run's dir holds another env than its game
     cells, settings = planned_cells(table1.STUDY, quick, frames, meta.get("seeds", table1.SEEDS))
     older = older_keys(out, cells, env)
     finished = {cell_key(r["setting"], r["seed"]): r for r in load_rows(out, [c for c in cells if c.key not in older])}
