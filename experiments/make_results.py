@@ -261,7 +261,9 @@ def study_section(folder: str, results: Path) -> list[str]:
     today = [e for e in table.values() if e["setting"] not in stale] or list(table.values())
     lines += [
         f"- Fastest in frames/s: **{max(today, key=lambda e: e['fps'])['setting']}**"
-        + (" (of the settings run today)." if len(today) < len(table) else ".")
+        + (" (of the settings run today)" if len(today) < len(table) else "")
+        + WINDOWS_SAID[load_windows(rows)]
+        + "."
     ]
     return lines + time_split_lines(rows, settings) + [""]
 
@@ -324,10 +326,10 @@ def iqm_lines(arms: claims.Arms, settings: list[str], bounds: tuple[float, float
 WINDOWS_SAID = {
     "unrecorded": " (these cells record no window of machine load: a description, no comparison)",
     "several": " (the cells ran under different machine loads: settings compare in time only where a comparison "
-    "below reads them)",
+    "reads them)",
     "one": "",
 }
-"""What the equal-wall-clock IQMs can be read as, by ``figures.load_windows``."""
+"""What a study's per-second figures can be read as, by ``figures.load_windows``."""
 
 
 def across_games_pairs() -> dict[str, list[tuple[str, str]]]:
