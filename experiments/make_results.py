@@ -406,9 +406,15 @@ MINATAR_PAPER = (
 )
 PUBLISHED = {
     "MinAtar/Breakout-v1": [("AC(λ)", 1_000_000, 9, 10), ("AC(λ)", 5_000_000, 17, 18), ("DQN", 1_000_000, 10, 10)],
+    "MinAtar/SpaceInvaders-v1": [
+        ("AC(λ)", 1_000_000, 50, 55),
+        ("AC(λ)", 5_000_000, 180, 190),
+        ("DQN", 1_000_000, 30, 35),
+    ],
 }
 """The MinAtar paper's scores per env as (agent, frames, low, high), read off its learning curves
-(approximate); its AC(λ) is an online actor-critic with eligibility traces, not A2C."""
+(approximate; the curves' figure is also img/learning_curves.gif in kenjyoung/MinAtar), AC(λ) at
+λ = 0.8, its better trace; its AC(λ) is an online actor-critic with eligibility traces, not A2C."""
 
 
 def published_text(env: str) -> str:
