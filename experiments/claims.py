@@ -168,7 +168,7 @@ CLAIMS = {
         (TOPOLOGY_PAIRS[0][1],),
         "frames",
         "each graph is set against independent agents of its size, with the same frames; their wall-clock ran in "
-        "other windows of load (Note). The claim read the ring of 4 alone until 2026-11-29, when a review found it "
+        "other windows of load (Note). The claim read the ring of 4 alone until 2026-11-28, when a review found it "
         "named one graph of the four the study runs; it was widened after the 4-agent cells were known",
         comparisons=TOPOLOGY_PAIRS,
     ),

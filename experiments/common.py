@@ -373,8 +373,8 @@ def describe(row: dict) -> str:
 
 def load_rows(out: Path, cells: list[Cell] | None = None) -> list[dict]:
     """The finished rows, in the order of ``cells`` when given (missing cells are left out). A study
-    cell's ``fps`` is read from its curve (``training_fps``): cells written before 2026-11-29 recorded
-    all agents' frames over the launcher's seconds, start-up included."""
+    cell's ``fps`` is read from its curve (``training_fps``): cells that run_cell wrote before it read
+    the curve recorded all agents' frames over the launcher's seconds, start-up included."""
     rows = {p.stem: read_record(p) for p in sorted((Path(out) / "cells").glob("*.json"))}
     for key, row in rows.items():
         curve = Path(out) / "curves" / f"{key}.csv"
