@@ -119,3 +119,30 @@ def test_settings_whose_cells_other_studies_hold_are_named_as_one_finding():
 
     assert "too: ring (ordering). A comparison" in line and "full" not in line
     assert make_results.shared_lines(rows, ["full"], elsewhere) == []
+
+
+def test_equal_wall_clock_iqms_say_when_their_cells_ran_under_other_loads(tmp_path):
+    """Listed side by side, IQMs at equal wall-clock read as a comparison; where the cells ran under
+    other loads (or recorded none), the list says so, as the claims that refuse to read them do."""
+    from experiments import claims
+    from experiments.common import cell_key
+
+    (tmp_path / "curves").mkdir()
+    rows = []
+    for setting in ("a", "b"):
+        for seed in (1, 2, 3):
+            lines = ["agent,frames,wall_s,mean_return_100,wait_s,mix_s", "0,500,5,1,0,0", "0,1000,10,2,0,0"]
+            (tmp_path / "curves" / f"{cell_key(setting, seed)}.csv").write_text("\n".join(lines) + "\n")
+            rows.append(
+                {"setting": setting, "seed": seed, "agents": 1, "per_agent_last100": [2.0], "equal_wall_s": 10.0}
+            )
+
+    def wall_line(windows) -> str:
+        for row, window in zip(rows, windows):
+            row["window"] = window
+        arms = claims.Arms(tmp_path, rows)
+        return make_results.iqm_lines(arms, ["a", "b"], (0.0, 100.0), frames_per_agent=True)[1]
+
+    assert wall_line(["w1"] * 6).endswith("(3 seed(s)).")
+    assert "different machine loads" in wall_line(["w1"] * 3 + ["w2"] * 3)
+    assert "record no window of machine load" in wall_line([None] * 6)
