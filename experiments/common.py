@@ -397,6 +397,13 @@ def older_keys(out: Path, cells: list[Cell], env_id: str) -> set[str]:
     return older
 
 
+def todays_rows(out: Path, cells: list[Cell], env_id: str) -> list[dict]:
+    """The finished rows of today's plan only: an older run (another budget, loop or rate) answers
+    another question, so a summary that pools cells leaves it out."""
+    older = older_keys(out, cells, env_id)
+    return load_rows(out, [c for c in cells if c.key not in older])
+
+
 def shown_rows(out: Path, cells: list[Cell], env_id: str, all_older: bool = False) -> tuple[list[dict], set, list]:
     """(the rows a study's tables and figure show, the keys of its older cells, the older cells left
     out). A setting with cells of today's plan shows only those: a rerun replaces older cells seed by

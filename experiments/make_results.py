@@ -35,12 +35,12 @@ from experiments.common import (
     cell_key,
     ci95,
     load_rows,
-    older_keys,
     read_curves,
     read_record,
     score_bounds,
     shared_row,
     shown_rows,
+    todays_rows,
 )
 from experiments.figures import load_windows, reference_figure
 from experiments.study import METRICS, RESULTS, default_eval_episodes, finish, planned_cells
@@ -356,8 +356,7 @@ def across_games_lines(results: Path) -> list[str]:
             meta = json.loads((out / "study.json").read_text())
             if meta.get("study", out.name) == name:
                 cells, _ = planned_cells(study, meta["quick"], meta["frames_per_cell"], meta["seeds"])
-                older = older_keys(out, cells, meta["env"])  # another plan's runs answer another question
-                games[meta["env"]] = load_rows(out, [c for c in cells if c.key not in older])
+                games[meta["env"]] = todays_rows(out, cells, meta["env"])
         for reference, other in pairs:
             played = {
                 env: rows for env, rows in games.items() if len(by_seed(rows, reference)) and len(by_seed(rows, other))
@@ -603,8 +602,7 @@ def table1_section(results: Path, env: str = REAL_ENV) -> list[str]:
     env, frames, quick = meta.get("env", env), meta.get("frames_per_cell", table1.FRAMES), meta.get("quick", False)
     command = meta.get("command", planned).strip()  # a --quick run's dir holds another env than its game
     cells, settings = planned_cells(table1.STUDY, quick, frames, meta.get("seeds", table1.SEEDS))
-    older = older_keys(out, cells, env)
-    finished = {cell_key(r["setting"], r["seed"]): r for r in load_rows(out, [c for c in cells if c.key not in older])}
+    finished = {cell_key(r["setting"], r["seed"]): r for r in todays_rows(out, cells, env)}
     cached = set()
     for c in cells:
         if c.key not in finished:
