@@ -21,17 +21,24 @@ from ..rl.models import make_model
 
 
 def lean_a2c_fps(
-    env_id: str, seconds: float, num_envs: int = 16, n_steps: int = 5, seed: int = 0, threads: int = 1, barrier=None
+    env_id: str,
+    seconds: float,
+    num_envs: int = 16,
+    n_steps: int = 5,
+    seed: int = 0,
+    threads: int = 1,
+    barrier=None,
+    batched: bool = True,
 ) -> dict:
     """Frames/s of the minimal loop over ``seconds`` of training (after 3 warm-up updates), and the
     CPU milliseconds it spent per frame (this process's CPU time: a busy host does not inflate it).
 
     ``barrier`` holds the clock until every loop sharing it has warmed up, so loops run
-    side by side are timed over the same window.
+    side by side are timed over the same window. ``batched``: ``make_env``'s.
     """
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
-    envs = make_env(env_id, num_envs, seed, num_threads=1)
+    envs = make_env(env_id, num_envs, seed, num_threads=1, batched=batched)
     model = make_model(envs.observation_space, envs.action_space)
     optimizer = torch.optim.RMSprop(model.parameters(), lr=7e-4, alpha=0.99, eps=1e-5)
     obs = torch.from_numpy(envs.reset())

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..rl.envs import atari_game, is_atari
+from ..rl.envs import atari_game, is_atari, steps_batched
 from .lean import lean_a2c_fps, side_by_side_fps
 
 SWARM_LAYOUTS = (("sync", False), ("sync", True), ("async", True))
@@ -42,9 +42,17 @@ SWARM_LAYOUTS = (("sync", False), ("sync", True), ("async", True))
 
 SHARES = ("rollout", "learn", "gossip_wait", "mix")
 
+MINATAR_LOOP_ROWS = {
+    "raw vector env, MinAtar's own loop": "raw vector env, random actions",
+    "minimal A2C loop, MinAtar's own loop": "minimal A2C loop",
+}
+"""The rows a batched MinAtar game (``envs.BATCHED_GAMES``) adds, each the row named beside it with
+the games stepped one at a time in MinAtar's own code: what the batch buys."""
 
-def raw_ceiling(env_id: str, num_envs: int, seconds: float, threads: int = 0) -> float:
-    """Frames/s of the bare vector env with random actions (Atari frames include the skipped ones)."""
+
+def raw_ceiling(env_id: str, num_envs: int, seconds: float, threads: int = 0, batched: bool = True) -> float:
+    """Frames/s of the bare vector env with random actions (Atari frames include the skipped ones);
+    ``batched``: ``make_env``'s."""
     if is_atari(env_id):
         from ale_py.vector_env import AtariVectorEnv
 
@@ -55,7 +63,7 @@ def raw_ceiling(env_id: str, num_envs: int, seconds: float, threads: int = 0) ->
     else:
         from ..rl.envs import make_env
 
-        env = make_env(env_id, num_envs, 0).env
+        env = make_env(env_id, num_envs, 0, batched=batched).env
         frames_per_step = 1
     rng = np.random.default_rng(0)
     env.reset(seed=0)
@@ -246,6 +254,10 @@ def run(
     _start_agent_server()
     add("raw vector env, random actions", raw_ceiling(env_id, num_envs, min(seconds, 10.0), threads=1))
     add("minimal A2C loop", **lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps))
+    if steps_batched(env_id):  # what stepping the game as one batch buys, against MinAtar's own loop
+        raw, lean = MINATAR_LOOP_ROWS
+        add(raw, raw_ceiling(env_id, num_envs, min(seconds, 10.0), threads=1, batched=False))
+        add(lean, **lean_a2c_fps(env_id, seconds, num_envs, agent_cfg.a2c.n_steps, batched=False))
     one = SwarmConfig(agents=1, topology=None)
     add("one agent, default flags", **swarm_row(one, agent_cfg, seconds, allowances))
     with busy_core() as spinner:
@@ -292,7 +304,9 @@ def _format(row: dict, rows: list[dict]) -> str:
         return f"{mine / theirs:5.2f}x" if mine and theirs else "  n/a"
 
     baseline = None
-    if row["row"] == "one agent, default flags" or row["row"].endswith("side by side"):
+    if row["row"] in MINATAR_LOOP_ROWS:
+        baseline, what = MINATAR_LOOP_ROWS[row["row"]], "batched"
+    elif row["row"] == "one agent, default flags" or row["row"].endswith("side by side"):
         baseline, what = "minimal A2C loop", "minimal loop"
     elif row["row"].startswith("one agent, one core busy"):
         baseline, what = "minimal A2C loop, one core busy", "minimal loop under the same load"

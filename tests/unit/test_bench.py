@@ -1,8 +1,10 @@
-"""The bench train table says what each ratio is against, on both clocks, and when a row was retried."""
+"""The bench train table says what each ratio is against, on both clocks, and when a row was retried;
+a batched MinAtar game adds its rows stepped in MinAtar's own loop, each held to its batched row."""
 
 import pytest
 
-from gossiprl.bench.train import _format
+from gossiprl.bench.train import MINATAR_LOOP_ROWS, _format, raw_ceiling
+from gossiprl.rl.envs import steps_batched
 
 
 def row(name, fps, cpu=None, **more):
@@ -20,6 +22,27 @@ def test_a_ring_is_held_to_one_agent_and_to_loops_side_by_side_on_both_clocks():
     assert " 1.33x one agent,  0.75x side by side" in line
     assert "CPU  150.0 us/frame ( 1.25x of 2 minimal loops side by side's)" in line
     assert "try" not in line
+
+
+def test_minatar_loop_rows_are_held_to_their_batched_rows():
+    rows = [
+        row("raw vector env, random actions", 120_000),
+        row("minimal A2C loop", 10_000, 0.10),
+        row("raw vector env, MinAtar's own loop", 30_000),
+        row("minimal A2C loop, MinAtar's own loop", 7_500, 0.13),
+    ]
+    assert list(MINATAR_LOOP_ROWS) == [r["row"] for r in rows[2:]]
+    assert "0.25x batched" in _format(rows[2], rows)
+    assert "0.75x batched" in _format(rows[3], rows) and "( 1.30x of minimal loop's)" in _format(rows[3], rows)
+
+
+def test_only_a_batched_minatar_game_gets_those_rows_and_both_loops_step():
+    pytest.importorskip("minatar")
+    assert steps_batched("MinAtar/SpaceInvaders-v1") and steps_batched("MinAtar/SpaceInvaders-v0")
+    assert not any(map(steps_batched, ["MinAtar/Breakout-v1", "CartPole-v1", "ALE/Pong-v5"]))
+    with pytest.raises(ValueError, match="MinAtar id"):
+        steps_batched("MinAtar/NoSuchGame-v1")
+    assert raw_ceiling("MinAtar/SpaceInvaders-v1", 4, 0.2, batched=False) > 0
 
 
 def test_a_retried_row_says_which_try_and_allowance_it_took():
