@@ -215,6 +215,7 @@ def study_section(folder: str, results: Path) -> list[str]:
             "wall-clock and frames/s add sessions under different machine load.",
         ]
     lines += plane_lines(rows)
+    lines += game_loop_lines(rows, meta["env"])
     lines += shared_lines(rows, settings, studies_that_ran(results, exclude=folder))
     if not rows:
         return lines + [""]
@@ -285,6 +286,30 @@ def plane_lines(rows: list[dict]) -> list[str]:
         "",
         f"**Data planes.** The gossiping cells ran on more than one ({said}). Per frame a sync cell learns "
         "bitwise the same on either; their wall-clock, frames/s and time split do not compare across planes.",
+    ]
+
+
+BATCHED_SINCE = {"MinAtar/SpaceInvaders-v1": "2026-11-29T02:19:11Z"}
+"""When the studies' runs of each batched MinAtar game (gossiprl.rl.envs.BATCHED_GAMES) began stepping
+its envs as one batch: a cell whose study call started before (its window; its finish where it records
+none) stepped MinAtar's own loop."""
+
+
+def game_loop_lines(rows: list[dict], env: str) -> list[str]:
+    """Which cells of a batched game stepped MinAtar's own loop, where some did: per frame they learn
+    bitwise the same, but each frame cost more CPU, so their frames/s do not compare with the others'."""
+    since = BATCHED_SINCE.get(env)
+    before = [r for r in rows if since and (r.get("window") or r["finished_at"]) < since]
+    if not before:
+        return []
+    cells = ", ".join(f"{r['setting']} seed {r['seed']}" for r in before)
+    share = "all its cells" if len(before) == len(rows) else cells
+    return [
+        "",
+        f"**MinAtar's own loop.** {share[0].upper()}{share[1:]} stepped {env}'s games one by one in MinAtar's "
+        f"code; later cells step them as one numpy batch (from {since}). Per frame the two learn bitwise the "
+        "same; the loop spent about 1.3-1.7x the CPU per frame, so frames/s and wall-clock do not compare "
+        "across the change.",
     ]
 
 

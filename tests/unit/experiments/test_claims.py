@@ -483,3 +483,18 @@ def test_the_scaling_claim_is_judged_at_every_swarm_size_not_at_one():
     line = judged({"1 agent (plain A2C)": one, **unrun})
     assert "16 agents, ring against 1 agent (plain A2C): no cell of 16 agents, ring has a score there" in line
     assert line.endswith("an arm has no finished cell with a score there.")
+
+
+def test_cells_of_a_batched_game_from_before_the_batch_say_they_stepped_minatars_loop():
+    """SpaceInvaders cells from before its batch cost more CPU a frame: their frames/s are not today's."""
+    si = "MinAtar/SpaceInvaders-v1"
+    rows = [
+        {"setting": "ring", "seed": 1, "window": None, "finished_at": "2026-11-28T22:39:00Z"},
+        {"setting": "ring", "seed": 2, "window": "2026-11-29T03:00:00Z", "finished_at": "2026-11-29T03:15:00Z"},
+        {"setting": "ring", "seed": 3, "window": "2026-11-28T23:59:00Z", "finished_at": "2026-11-29T04:00:00Z"},
+    ]
+    (_, line) = make_results.game_loop_lines(rows, si)
+    assert line.startswith("**MinAtar's own loop.** Ring seed 1, ring seed 3 stepped") and "seed 2" not in line
+    assert "All its cells stepped" in make_results.game_loop_lines(rows[:1], si)[1]
+    assert make_results.game_loop_lines(rows[1:2], si) == []
+    assert make_results.game_loop_lines(rows, "MinAtar/Breakout-v1") == []  # stepped as it always was
