@@ -291,15 +291,16 @@ def plane_lines(rows: list[dict]) -> list[str]:
 
 BATCHED_SINCE = {"MinAtar/SpaceInvaders-v1": "2026-11-29T02:19:11Z"}
 """When the studies' runs of each batched MinAtar game (gossiprl.rl.envs.BATCHED_GAMES) began stepping
-its envs as one batch: a cell whose study call started before (its window; its finish where it records
-none) stepped MinAtar's own loop."""
+its envs as one batch: a cell whose study call started before stepped MinAtar's own loop. A cell with no
+window (run before windows were recorded, or trained by an earlier call and only scored by a later one)
+is counted as before: its frames/s compare with no other cell's anyway."""
 
 
 def game_loop_lines(rows: list[dict], env: str) -> list[str]:
     """Which cells of a batched game stepped MinAtar's own loop, where some did: per frame they learn
     bitwise the same, but each frame cost more CPU, so their frames/s do not compare with the others'."""
     since = BATCHED_SINCE.get(env)
-    before = [r for r in rows if since and (r.get("window") or r["finished_at"]) < since]
+    before = [r for r in rows if since and (r.get("window") or "") < since]
     if not before:
         return []
     cells = ", ".join(f"{r['setting']} seed {r['seed']}" for r in before)

@@ -189,10 +189,9 @@ BATCHED_GAMES = {"space_invaders": SpaceInvaders}
 
 def steps_batched(env_id: str) -> bool:
     """Whether ``env_id`` is a MinAtar game that ``make_env`` steps as one batch."""
-    if not is_minatar(env_id):
-        return False
     env_spec(env_id)  # registers MinAtar's ids, and says what is valid if this one is not
-    return gym.registry[registered_id(env_id)].kwargs["game"] in BATCHED_GAMES
+    env_id = registered_id(env_id)
+    return is_minatar(env_id) and gym.registry[env_id].kwargs["game"] in BATCHED_GAMES
 
 
 class MinAtarVectorEnv:

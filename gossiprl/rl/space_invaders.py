@@ -31,7 +31,7 @@ class SpaceInvaders:
     def __init__(self, num_envs: int, sticky_action_prob: float = 0.1, difficulty_ramping: bool = True):
         self.num_envs = num_envs
         self.sticky_action_prob = sticky_action_prob
-        self.ramping = difficulty_ramping
+        self.ramping = bool(difficulty_ramping)  # MinAtar reads it as a truth value
         self.randoms = [np.random.RandomState() for _ in range(num_envs)]
         self.last_action = np.zeros(num_envs, dtype=np.int64)
         self.pos = np.zeros(num_envs, dtype=np.int64)
@@ -65,7 +65,12 @@ class SpaceInvaders:
 
     def act(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One frame of every game (none may be finished): the rewards and which games ended."""
-        assert not self.terminal.any(), "a finished game acts only after reset"
+        if self.terminal.any() or np.shape(actions) != (self.num_envs,):
+            raise ValueError(
+                f"act takes one action for each of the {self.num_envs} games, none of them finished "
+                f"(reset those first); got actions of shape {np.shape(actions)}, "
+                f"finished {np.flatnonzero(self.terminal)}"
+            )
         sticky = np.array([random.rand() for random in self.randoms]) < self.sticky_action_prob
         actions = np.where(sticky, self.last_action, actions)
         self.last_action = actions

@@ -1,8 +1,10 @@
 """MinAtar, the CPU-scale Atari stand-in: its ids build a vector env, get the MinAtar paper's
 network, and a gossiping pair trains on it through the real launcher and is evaluated, consensus
-policy included. Skipped, with the install line, where the optional extra is missing."""
+policy included; an agent learns bitwise the same on batched SpaceInvaders as on MinAtar's loop.
+Skipped, with the install line, where the optional extra is missing."""
 
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ import torch
 pytest.importorskip("minatar", reason="MinAtar is the optional extra: pip install 'gossiprl[minatar]'")
 
 from gossiprl.launch import SwarmConfig, run  # noqa: E402
-from gossiprl.rl.agent import AgentConfig  # noqa: E402
+from gossiprl.rl.agent import AgentConfig, load_checkpoint, train  # noqa: E402
 from gossiprl.rl.envs import env_spec, make_env  # noqa: E402
 from gossiprl.rl.models import MinAtarActorCritic, make_model  # noqa: E402
 from helpers import invoke  # noqa: E402
@@ -54,3 +56,18 @@ def test_a_minatar_ring_trains_a_few_updates_and_its_consensus_is_evaluated(tmp_
     scores = json.loads(result.output)
     assert scores["consensus"]["agents"] == 2 and len(scores["consensus"]["returns"]) == 2
     assert scores["overall"]["episodes"] == 4
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_learns_bitwise_the_same_on_batched_spaceinvaders_as_on_minatars_loop(tmp_path, monkeypatch):
+    """Same frames, rewards and terminals, so the same updates: the batch changes the cost of a
+    frame, not what a run learns (the studies' cells from before it stand per frame)."""
+    import gossiprl.rl.rollouts as rollouts
+
+    cfg = AgentConfig(env_id="MinAtar/SpaceInvaders-v1", seed=5, total_frames=16 * 5 * 60, log_every=20)
+    batched = train(cfg, tmp_path / "batched")
+    monkeypatch.setattr(rollouts, "make_env", partial(make_env, batched=False))
+    looped = train(cfg, tmp_path / "looped")
+    assert batched["episodes"] > 0 and batched["episodes"] == looped["episodes"]
+    params = [load_checkpoint(tmp_path / run / "agent-0" / "checkpoint.pt")["model"] for run in ("batched", "looped")]
+    assert all(torch.equal(params[0][name], params[1][name]) for name in params[0])

@@ -489,7 +489,7 @@ def test_cells_of_a_batched_game_from_before_the_batch_say_they_stepped_minatars
     """SpaceInvaders cells from before its batch cost more CPU a frame: their frames/s are not today's."""
     si = "MinAtar/SpaceInvaders-v1"
     rows = [
-        {"setting": "ring", "seed": 1, "window": None, "finished_at": "2026-11-28T22:39:00Z"},
+        {"setting": "ring", "seed": 1, "window": None, "finished_at": "2026-11-29T22:39:00Z"},  # scored only
         {"setting": "ring", "seed": 2, "window": "2026-11-29T03:00:00Z", "finished_at": "2026-11-29T03:15:00Z"},
         {"setting": "ring", "seed": 3, "window": "2026-11-28T23:59:00Z", "finished_at": "2026-11-29T04:00:00Z"},
     ]

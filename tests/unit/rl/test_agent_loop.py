@@ -16,7 +16,7 @@ from gossiprl.rl.settings import AgentConfig, thread_plan
 pytest.importorskip("minatar")
 
 
-@pytest.mark.parametrize("game", ["Breakout", "Seaquest"])
+@pytest.mark.parametrize("game", ["Breakout", "Seaquest", "SpaceInvaders"])
 def test_minatar_vector_env_steps_exactly_as_gymnasiums_sync_vector_env(game):
     ours = make_env(f"MinAtar/{game}-v1", 4, seed=11)
     theirs = gym.make_vec(

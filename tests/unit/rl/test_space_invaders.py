@@ -33,14 +33,24 @@ def step_both(batched, minatar, actions) -> tuple:
 
 
 def aim(obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Full-action-set actions: mostly toward the nearest column with aliens, firing under it
-    (games that score and last), else at random."""
+    """Full-action-set actions that clear waves (so play reaches the speed ramp): step aside from an
+    enemy bullet falling toward the cannon, else move under the nearest column with aliens and fire
+    there; now and then a random action."""
     actions = rng.integers(6, size=len(obs))
-    cannon = obs[:, 9, :, 0].argmax(axis=1)
-    for i, columns in enumerate(obs[..., 1].any(axis=1)):
-        if columns.any() and rng.random() < 0.7:
-            target = np.flatnonzero(columns)[np.abs(np.flatnonzero(columns) - cannon[i]).argmin()]
-            actions[i] = 5 if target == cannon[i] else 1 if target < cannon[i] else 3
+    for i, frame in enumerate(obs):
+        cannon, bullets = frame[9, :, 0].argmax(), frame[6:10, :, 5].any(axis=0)
+        columns = np.flatnonzero(frame[..., 1].any(axis=0))
+        if rng.random() < 0.05 or not len(columns):
+            continue
+        target = columns[np.abs(columns - cannon).argmin()]
+        step = np.sign(target - cannon)
+        if bullets[cannon]:
+            clear = [c for c in (cannon - 1, cannon + 1) if 0 <= c <= 9 and not bullets[c]]
+            actions[i] = (1 if clear[0] < cannon else 3) if clear else 0
+        elif step == 0:
+            actions[i] = 5
+        else:
+            actions[i] = 5 if bullets[cannon + step] else (1 if step < 0 else 3)
     return actions
 
 
@@ -51,13 +61,15 @@ def test_from_the_first_reset_every_step_is_minatars(env_id):
     batched, minatar = side_by_side(kwargs, seed=7)
     full_to_own = {a: i for i, a in enumerate(batched.action_set)}
     rng = np.random.default_rng(0)
-    obs, episodes, score = batched.reset(seed=7)[0], 0, 0.0
+    obs, episodes, score, faster = batched.reset(seed=7)[0], 0, 0.0, 0
     minatar.reset(seed=7)
     for _ in range(3000):
         actions = np.array([full_to_own.get(a, 0) for a in aim(obs, rng)])
         obs, rewards, terminated = step_both(batched, minatar, actions)
         episodes, score = episodes + terminated.sum(), score + rewards.sum()
-    assert episodes > 100 and score > 1000  # the runs played and scored: not one frozen frame
+        faster = max(faster, batched.games.ramp_index.max())
+    assert episodes > 50 and score > 1000  # the runs played and scored: not one frozen frame
+    assert faster >= 2  # and cleared waves, each faster than the last
 
 
 @pytest.mark.parametrize(
@@ -118,3 +130,19 @@ def copy_state(state: dict, game, batch: SpaceInvaders, i: int) -> None:
     )
     batch.move_timer[i], batch.shot_timer[i] = state["alien_move_timer"], state["alien_shot_timer"]
     batch.cool_down[i], batch.ramp_index[i] = state["shot_timer"], state["ramp_index"]
+
+
+def test_act_refuses_a_finished_game_or_the_wrong_number_of_actions():
+    games = SpaceInvaders(4)
+    with pytest.raises(ValueError, match=r"one action for each of the 4 games.*shape \(1,\)"):
+        games.act(np.array([5]))
+    games.terminal[2] = True
+    with pytest.raises(ValueError, match=r"none of them finished \(reset those first\).*finished \[2\]"):
+        games.act(np.zeros(4, dtype=int))
+    games.reset(np.array([2]))
+    games.act(np.zeros(4, dtype=int))
+
+
+def test_difficulty_ramping_is_read_as_a_truth_value_as_minatar_reads_it():
+    assert SpaceInvaders(2, difficulty_ramping=1).ramping is True
+    assert SpaceInvaders(2, difficulty_ramping=None).ramping is False
