@@ -303,7 +303,10 @@ def game_loop_lines(rows: list[dict], env: str) -> list[str]:
     before = [r for r in rows if since and (r.get("window") or "") < since]
     if not before:
         return []
-    cells = ", ".join(f"{r['setting']} seed {r['seed']}" for r in before)
+    seeds: dict[str, list[str]] = {}
+    for r in before:
+        seeds.setdefault(r["setting"], []).append(str(r["seed"]))
+    cells = "; ".join(f"{setting} (seed{'s' * (len(s) > 1)} {', '.join(s)})" for setting, s in seeds.items())
     share = "all its cells" if len(before) == len(rows) else cells
     return [
         "",

@@ -494,7 +494,9 @@ def test_cells_of_a_batched_game_from_before_the_batch_say_they_stepped_minatars
         {"setting": "ring", "seed": 3, "window": "2026-11-28T23:59:00Z", "finished_at": "2026-11-29T04:00:00Z"},
     ]
     (_, line) = make_results.game_loop_lines(rows, si)
-    assert line.startswith("**MinAtar's own loop.** Ring seed 1, ring seed 3 stepped") and "seed 2" not in line
+    assert line.startswith("**MinAtar's own loop.** Ring (seeds 1, 3) stepped") and "2" not in line.split("stepped")[0]
+    one = make_results.game_loop_lines([*rows, {**rows[0], "setting": "1 agent", "seed": 4}], si)[1]
+    assert one.startswith("**MinAtar's own loop.** Ring (seeds 1, 3); 1 agent (seed 4) stepped")
     assert "All its cells stepped" in make_results.game_loop_lines(rows[:1], si)[1]
     assert make_results.game_loop_lines(rows[1:2], si) == []
     assert make_results.game_loop_lines(rows, "MinAtar/Breakout-v1") == []  # stepped as it always was
