@@ -18,8 +18,6 @@ ENEMY_MOVE_INTERVAL = 12
 ENEMY_SHOT_INTERVAL = 10
 NOOP, LEFT, UP, RIGHT, DOWN, FIRE = range(6)
 """MinAtar's full action set ('n', 'l', 'u', 'r', 'd', 'f'); up and down do nothing here."""
-STATE_SHAPE = (10, 10, 6)
-"""Channels: cannon, alien, alien moving left, alien moving right, friendly bullet, enemy bullet."""
 SEARCH_ORDER = np.array([sorted(range(10), key=lambda col: abs(col - pos)) for pos in range(10)])
 """Columns nearest the cannon first (ties to the left): the order an alien is chosen to shoot."""
 
@@ -75,9 +73,9 @@ class SpaceInvaders:
         actions = np.where(sticky, self.last_action, actions)
         self.last_action = actions
         self._move_cannon(actions)
-        self.friendly[:, :9] = self.friendly[:, 1:].copy()  # friendly bullets rise one row
+        self.friendly[:, :9] = self.friendly[:, 1:]  # friendly bullets rise one row (numpy copes with the overlap)
         self.friendly[:, 9] = False
-        self.enemy[:, 1:] = self.enemy[:, :9].copy()  # enemy bullets fall one row
+        self.enemy[:, 1:] = self.enemy[:, :9]  # enemy bullets fall one row
         self.enemy[:, 0] = False
         self.terminal |= self.enemy[self._all, 9, self.pos] | self.aliens[self._all, 9, self.pos]
         self._move_aliens(np.flatnonzero(self.move_timer == 0))
@@ -140,7 +138,8 @@ class SpaceInvaders:
         self.aliens[envs, 0:4, 2:8] = True
 
     def state(self, out: np.ndarray) -> None:
-        """Every game's 10x10x6 frame, written into ``out`` (num_envs x 10 x 10 x 6, bool)."""
+        """Every game's 10x10x6 frame, written into ``out`` (num_envs x 10 x 10 x 6, bool). Channels:
+        cannon, alien, alien moving left, alien moving right, friendly bullet, enemy bullet."""
         out[:] = False
         out[self._all, 9, self.pos, 0] = True
         out[..., 1] = self.aliens
