@@ -355,7 +355,10 @@ def mix(
         bound.end(flat if flat is not None else own, swept)
     if dropped:
         log.warning(
-            "rank %d: dropped letters from %s (non-finite, beyond the deviation bound, or wrong schema)", rank, dropped
+            "rank %d: dropped letters from %s (non-finite, beyond the deviation bound, of another schema, "
+            "or from a rank outside this round's row)",
+            rank,
+            dropped,
         )
     return result
 

@@ -140,7 +140,8 @@ class TurnLocks:
         """Rank asks for its in-peers' letters of ``round``: DELIVERed once its turn has come.
         ``skip``: in-peers whose letter of this round it took by a session's turn (dataplane, shmlocks)."""
         me = self.ranks[rank]
-        me.collect = Parked(seq, round, now, self._in_peers(rank, round) - set(skip), skip=frozenset(skip))
+        skip = frozenset(skip)
+        me.collect = Parked(seq, round, now, self._in_peers(rank, round, skip) - skip, skip=skip)
         self._settle(now, ("collect", me))
         return self._sent()
 
@@ -183,16 +184,18 @@ class TurnLocks:
 
     # ------------------------------------------------------------ the topology in force
 
-    def row(self, i: int):
+    def row(self, i: int, taken: frozenset = frozenset()):
         """The topology agent i mixes by now: the swarm's, with the gone agents bypassed.
 
         A gone agent's last letter still counts: while it waits unread in slot (d, i), d stays
         in i's row, so a swarm whose agents finish one by one mixes exactly as the matrix says
-        to the last round. Only once i has read it is d bypassed in i's row.
+        to the last round. Only once i has read it is d bypassed in i's row. ``taken``: the
+        in-peers whose letter of the round i collects it took by a session's turn (shmlocks);
+        such a letter counts as one still in its slot, for that collect.
         """
         if not self.gone_ranks:
             return self.topology
-        gone = frozenset(d for d in self.gone_ranks if (d, i) not in self.mailbox)
+        gone = frozenset(d for d in self.gone_ranks if (d, i) not in self.mailbox and d not in taken)
         if not gone:
             return self.topology
         hit = self._bypassed.get(gone)
@@ -208,8 +211,8 @@ class TurnLocks:
         """Whether agent i reads j's letters in some round of the topology's period, as wired now."""
         return any(j in self._in_peers(i, r) for r in range(self.topology.period))
 
-    def _in_peers(self, i: int, round: int) -> set[int]:
-        return set(self.row(i).in_peers(i, round))
+    def _in_peers(self, i: int, round: int, taken: frozenset = frozenset()) -> set[int]:
+        return set(self.row(i, taken).in_peers(i, round))
 
     def _out_peers(self, j: int, round: int) -> set[int]:
         """Who reads j's letter of ``round`` now. Bypassing a gone d only wires d's in-peers to d's
@@ -268,7 +271,7 @@ class TurnLocks:
                 me.publish.waiting_on = self._out_peers(me.rank, me.publish.round) - set(me.publish.written)
                 work.append(("publish", me))
             if me.collect is not None:
-                me.collect.waiting_on = self._in_peers(me.rank, me.collect.round) - me.collect.skip
+                me.collect.waiting_on = self._in_peers(me.rank, me.collect.round, me.collect.skip) - me.collect.skip
                 work.append(("collect", me))
         self._settle(now, *work)
 
@@ -341,7 +344,7 @@ class TurnLocks:
             and any(me.stale.get(j, 0) + 1 >= self.max_staleness for j in parked.waiting_on - full)
         ):
             return []
-        weights = [[j, w] for j, w in self.row(me.rank).weights(me.rank, parked.round).items()]
+        weights = [[j, w] for j, w in self.row(me.rank, parked.skip).weights(me.rank, parked.round).items()]
         entries, payload, released = [], [], []
         for j in sorted(parked.waiting_on):
             letter = self.mailbox.pop((j, me.rank), None)

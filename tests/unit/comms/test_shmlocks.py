@@ -4,7 +4,7 @@ The agents of these tests are state machines in one process, each with its own c
 and its neighbours' mapped read-only, exactly as across processes. Agents that leave the session
 take their turns from the real TurnLocks, as the broker would give them: the model checks that,
 whatever the interleaving and whoever leaves when, every reader mixes in round r its in-peers'
-letters of round r, each once, and nobody waits for ever.
+letters of round r, each once, with a weight for each, and nobody waits for ever.
 """
 
 import os
@@ -34,6 +34,8 @@ class Agent:
     def __init__(self, rank, topology, controls, locks, log, dispatch):
         n = topology.n
         self.rank, self.locks, self.log, self.dispatch = rank, locks, log, dispatch
+        self.row, self.weights = topology.weights(rank, 0), {}
+        """The session's static row, as GossipClient keeps it; the row each round was mixed by."""
         ins = {w: _peer(controls[w], n) for w in topology.in_peers(rank, 0)}
         outs = {p: _peer(controls[p], n) for p in topology.out_peers(rank, 0)}
         self.turns = shmlocks.Turns(controls[rank], rank, SESSION, ins, outs)
@@ -89,11 +91,16 @@ class Agent:
                 got = self.log.setdefault((self.rank, self.round), {})
                 assert entry["rank"] not in got, "a letter came twice in one round"
                 got[entry["rank"]] = entry["k"]
+            self.weights[self.round] = {int(j): w for j, w in self.deliver["weights"]}
+        else:
+            self.weights[self.round] = dict(self.row)
         self.round, self.phase, self.taken, self.asked = self.round + 1, "publish", set(), False
         return True
 
 
 def _run(topology, rounds, leave_at, seed):
+    """Every agent's letters, by (reader, round), and the rows they were mixed by. An agent that has
+    done its rounds leaves the session and then the swarm, as a finished agent does (BYE)."""
     n = topology.n
     controls = [shmlocks.Control(n) for _ in range(n)]
     locks = TurnLocks(topology)
@@ -119,6 +126,9 @@ def _run(topology, rounds, leave_at, seed):
                 if leave_at.get(a.rank) == steps:
                     a.turns.leave()
                 moved |= a.step()
+                if a.round == rounds:
+                    a.turns.leave()
+                    dispatch(locks.gone(a.rank, now=0.0))
                 steps += 1
                 _one_letter_per_edge(topology, controls, locks)
             assert moved or any(leave_at.get(a.rank, -1) > steps for a in agents), f"deadlock at {steps} steps"
@@ -127,7 +137,7 @@ def _run(topology, rounds, leave_at, seed):
             a.turns.close()
         for c in controls:
             c.close()
-    return log
+    return log, {a.rank: a.weights for a in agents}
 
 
 def _one_letter_per_edge(topology, controls, locks):
@@ -138,11 +148,15 @@ def _one_letter_per_edge(topology, controls, locks):
             assert unread <= 1, f"edge {j} -> {i} holds {unread} unread letters"
 
 
-def _check(topology, rounds, log):
+def _check(topology, rounds, run):
+    """Each round's letters are the in-peers' of that round, and each is mixed with the weight the
+    matrix gives it: a row that lacked one would drop its letter (gossip.mix)."""
+    log, weights = run
     for i in range(topology.n):
         ins = set(topology.in_peers(i, 0))
         for r in range(rounds):
             assert log.get((i, r), {}) == dict.fromkeys(ins, r), f"rank {i} round {r}: {log.get((i, r))}"
+            assert weights[i][r] == topology.weights(i, r), f"rank {i} round {r} mixed by {weights[i][r]}"
 
 
 @pytest.mark.parametrize("name,n", [("ring", 2), ("ring", 4), ("full", 3), ("sparse", 5)])
@@ -160,7 +174,8 @@ def test_every_reader_gets_each_round_letter_once_in_shared_memory(name, n):
 )
 def test_leaving_the_session_at_any_moment_keeps_every_edge_in_order(n, full, leaves, seed):
     """Whoever leaves whenever, the turns that follow go through the broker's locks with nothing lost,
-    doubled or shifted by a round: a writer drains its edges first, a reader skips what it took."""
+    doubled or shifted by a round: a writer drains its edges first, a reader skips what it took. And
+    the agents that finish first (gone to the broker) keep their weight in their readers' last round."""
     topology = topologies.make("full" if full else "ring", n)
     leave_at = {r: s for r, s in leaves.items() if r < n}
     _check(topology, 5, _run(topology, 5, leave_at, seed))

@@ -95,6 +95,17 @@ def test_a_gone_in_peer_is_bypassed_and_its_parked_reader_released():
     assert dict(map(tuple, deliver.fields["weights"])) == {0: 0.5, 2: 0.5}
 
 
+def test_a_gone_in_peer_whose_letter_the_reader_took_by_a_session_keeps_its_weight():
+    """The letter rank 0 posted in shared memory before it finished counts as one in its slot: rank 1
+    mixes it with rank 0's weight, and waits for no letter of rank 0's in-peer in its place. It was
+    bypassed, so the letter was dropped at the end of runs (gossip/dropped)."""
+    locks = TurnLocks(topologies.make("ring", 3))  # 0 -> 1 -> 2 -> 0
+    locks.gone(0, now=1.0)
+    deliver = by_cmd(locks.collect(1, 1, 0, now=2.0, skip={0}))[(1, DELIVER)]
+    assert deliver.fields["messages"] == [] and dict(map(tuple, deliver.fields["weights"])) == {0: 0.5, 1: 0.5}
+    assert locks.row(1).in_peers(1) == (2,), "for its next collect, rank 0 is bypassed"
+
+
 def test_rejoin_wires_a_rank_back_in_and_forgets_the_dead_process_letter():
     locks = TurnLocks(topologies.make("ring", 3))
     locks.publish(1, 1, 0, {}, ["old"], 1, now=0.0)
