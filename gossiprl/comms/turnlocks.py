@@ -138,9 +138,11 @@ class TurnLocks:
 
     def collect(self, rank: int, seq: int, round: int, now: float, skip=()) -> list[Reply]:
         """Rank asks for its in-peers' letters of ``round``: DELIVERed once its turn has come.
-        ``skip``: in-peers whose letter of this round it took by a session's turn (dataplane, shmlocks)."""
+        ``skip``: in-peers whose letter of this round it took by a session's turn (dataplane, shmlocks);
+        a rank named there that is no in-peer of ``rank`` is left out, so it cannot keep a gone agent
+        in the row."""
         me = self.ranks[rank]
-        skip = frozenset(skip)
+        skip = frozenset(skip) & set(self.topology.in_peers(rank, round))
         me.collect = Parked(seq, round, now, self._in_peers(rank, round, skip) - skip, skip=skip)
         self._settle(now, ("collect", me))
         return self._sent()

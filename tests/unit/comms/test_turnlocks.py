@@ -106,6 +106,18 @@ def test_a_gone_in_peer_whose_letter_the_reader_took_by_a_session_keeps_its_weig
     assert locks.row(1).in_peers(1) == (2,), "for its next collect, rank 0 is bypassed"
 
 
+def test_taken_names_only_in_peers_so_it_cannot_hold_a_gone_agent_in_the_row():
+    """Rank 2's in-peer 1 and 1's in-peer 0 are gone, so 2 reads 3. Naming 0, which is no in-peer of 2,
+    in taken must not keep 0 in the row: 2 would then wait for a letter 0 will never send."""
+    locks = TurnLocks(topologies.make("ring", 4))  # 0 -> 1 -> 2 -> 3 -> 0
+    locks.gone(1, now=0.0)
+    locks.gone(0, now=0.0)
+    assert locks.collect(2, 1, 0, now=1.0, skip={0}) == []
+    assert locks.ranks[2].collect.waiting_on == {3}
+    deliver = by_cmd(locks.publish(3, 1, 0, {}, ["from3"], 1, now=2.0))[(2, DELIVER)]
+    assert deliver.payload == ["from3"] and dict(map(tuple, deliver.fields["weights"])) == {2: 0.5, 3: 0.5}
+
+
 def test_rejoin_wires_a_rank_back_in_and_forgets_the_dead_process_letter():
     locks = TurnLocks(topologies.make("ring", 3))
     locks.publish(1, 1, 0, {}, ["old"], 1, now=0.0)
