@@ -79,6 +79,8 @@ class Rank:
     publish: Parked | None = None
     collect: Parked | None = None
     last_letter: Letter | None = None
+    collected: int | None = None
+    """The round of its last COLLECT answered: a letter of that round or older is one it has mixed past."""
     stale: dict[int, int] = field(default_factory=dict)
     publishes: int = 0
     collects: int = 0
@@ -170,7 +172,7 @@ class TurnLocks:
         self.cancel(rank)
         if rank not in self.gone_ranks:
             return []
-        self.ranks[rank].last_letter = None
+        self.ranks[rank].last_letter = self.ranks[rank].collected = None
         self.gone_ranks.discard(rank)
         self._rewire(now)
         return self._sent()
@@ -258,7 +260,10 @@ class TurnLocks:
             # A letter sent while a reader's row was changing may have found no reader at all
             # (its new reader was still finishing a gone agent's last letter). Its sender now
             # waits on that reader while the reader waits on it: give each new reader the
-            # sender's latest letter, so no rewiring can deadlock a cycle of agents.
+            # sender's latest letter, so no rewiring can deadlock a cycle of agents. Not to a
+            # reader that already collected the letter's round: it would mix it a round late,
+            # and its slot, full, would hold up the sender's next letter; two agents that both
+            # wait for their PUBLISH's ACK before they COLLECT would wait on each other for good.
             letter = me.last_letter
             if (
                 letter is not None
@@ -266,7 +271,8 @@ class TurnLocks:
                 and (me.publish is None or me.publish.letter is not letter)
             ):
                 for reader in self._out_peers(me.rank, letter.round) - letter.written_to:
-                    if (me.rank, reader) not in self.mailbox:
+                    collected = self.ranks[reader].collected
+                    if (me.rank, reader) not in self.mailbox and (collected is None or collected < letter.round):
                         self.mailbox[(me.rank, reader)] = letter
                         letter.written_to.add(reader)
             if me.publish is not None:
@@ -362,6 +368,7 @@ class TurnLocks:
             released.append(self.ranks[j])
             self._rewire_pending |= j in self.gone_ranks  # a gone agent's last letter read: bypass it now
         me.collect = None
+        me.collected = parked.round
         me.collects += 1
         me.collect_wait_s += now - parked.since
         self._out.append(

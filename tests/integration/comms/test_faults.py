@@ -171,17 +171,22 @@ def test_a_stop_while_a_rejoining_agent_waits_for_its_neighbours_ends_it_cleanly
 
 def test_letter_sent_while_a_row_is_changing_reaches_its_new_reader():
     """Ring 0 -> 1 -> 2 -> 0. Rank 1 publishes its last letter and leaves: 2 still owes it a read,
-    so 2 keeps listening to 1 until then, and 0's letter of that moment has no reader at all.
-    Once 2 has read 1's letter it listens to 0, and must get that letter: 0 now waits on 2 and 2
-    on 0, so losing it deadlocked the survivors (found under load, ~1 run in 3)."""
+    so 2 keeps listening to 1 until then, and 0's letters of that moment have no reader at all.
+    Once 2 has read 1's letter it listens to 0, and must get the letter of the round it collects
+    next: 0 now waits on 2 and 2 on 0, so losing it deadlocked the survivors (found under load,
+    ~1 run in 3). 0's letter of the round 2 has already collected must not come instead: it would
+    be mixed a round late, and fill the slot 0's next letter needs."""
     with Broker(topologies.make("ring", 3)).start() as broker:
         c = {r: GossipClient(broker.address, r, timeout=3) for r in range(3)}
         c[1].publish({"x": np.full(2, 1.0, np.float32)})
         c[1].close()
-        assert c[0].publish({"x": np.full(2, 0.0, np.float32)}).written == []
+        assert c[0].publish({"x": np.full(2, 0.0, np.float32)}).written == [], "round 0: 2 still listens to 1"
+        assert c[2].publish({"x": np.full(2, 2.0, np.float32)}).written == [0]
+        assert set(c[0].collect()) == {2}
+        assert c[0].publish({"x": np.full(2, 10.0, np.float32)}).written == [], "round 1: still no reader"
         assert set(c[2].collect()) == {1}, "the last letter of the agent that left must still arrive"
         letters = c[2].collect()
-        assert set(letters) == {0} and letters[0]["x"][0] == 0.0
+        assert set(letters) == {0} and letters[0]["x"][0] == 10.0, "0's letter of round 1, as 2 collects round 1"
         assert c[2].last_weights == {0: 0.5, 2: 0.5}
         c[0].close(), c[2].close()
 

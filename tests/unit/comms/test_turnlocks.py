@@ -166,6 +166,10 @@ class Swarm(RuleBasedStateMachine):
     TOPOLOGY = topologies.make("ring", 4)
     MODE = "sync"
     STALENESS = None
+    COLLECT_AFTER_ACK = False
+    """Send COLLECT only once PUBLISH is ACKed, as a client does after leaving a shm session
+    (GossipClient._turn_publish, then _turn_collect), rather than both at once. A rejoined rank is
+    a fresh process, with no session: it sends both at once."""
 
     def __init__(self):
         super().__init__()
@@ -178,6 +182,7 @@ class Swarm(RuleBasedStateMachine):
         self.seq = 0
         self.now = 0.0
         self.letters = 0
+        self.after_ack = set(range(n)) if self.COLLECT_AFTER_ACK else set()
 
     # ---- driving
 
@@ -243,6 +248,8 @@ class Swarm(RuleBasedStateMachine):
         rank %= self.TOPOLOGY.n
         if rank not in self.live or ACK not in self.sent[rank] or DELIVER in self.sent[rank]:
             return
+        if rank in self.after_ack and ACK in self.pending[rank]:
+            return
         seq = self._next_seq()
         self.pending[rank][DELIVER] = seq
         self.sent[rank].add(DELIVER)
@@ -264,6 +271,7 @@ class Swarm(RuleBasedStateMachine):
         it continues from the round the locks last saw it publish, as WELCOME tells it."""
         rank %= self.TOPOLOGY.n
         self.live.add(rank)
+        self.after_ack.discard(rank)
         self.pending[rank], self.sent[rank] = {}, set()
         self.round[rank] = self.locks.ranks[rank].round
         self._event(self.locks.rejoin, rank)
@@ -295,11 +303,16 @@ class Swarm(RuleBasedStateMachine):
                     f"rank {i}'s collect is parked though every in-peer wrote"
                 )
 
+    def _can_act(self, i):
+        if ACK not in self.sent[i]:
+            return True
+        return DELIVER not in self.sent[i] and not (i in self.after_ack and ACK in self.pending[i])
+
     @invariant()
     def nothing_deadlocks(self):
         """Some live agent can always act: every one waiting on a reply would be a deadlock."""
         if self.live:
-            assert any(self.sent[i] != {ACK, DELIVER} for i in self.live), (
+            assert any(self._can_act(i) for i in self.live), (
                 f"deadlock: every live agent waits; pending {[self.pending[i] for i in sorted(self.live)]}"
             )
 
@@ -322,6 +335,31 @@ class Async(Swarm):
     STALENESS = 2
 
 
+class CollectAfterAck(Swarm):
+    COLLECT_AFTER_ACK = True
+
+
+def test_rewiring_gives_no_reader_a_letter_of_a_round_it_collected():
+    """Ranks 1 and 3 of a ring of 4 go after round 0: 0 and 2 become each other's readers. Given each
+    other's round-0 letter, which both had mixed past, their round-1 PUBLISHes waited on each other's
+    COLLECT, which neither sends before its ACK (a client after a session): a deadlock, found by a
+    hostile review; the state machine rarely reaches it, so it is spelled out here."""
+    swarm = CollectAfterAck()
+    for rank in range(4):
+        swarm.publish(rank)
+    for rank in range(4):
+        swarm.collect(rank)
+    swarm.gone(3)
+    swarm.gone(1)
+    assert swarm.locks.mailbox == {}, "no letter of a round its reader collected"
+    swarm.publish(0)
+    swarm.publish(2)
+    swarm.nothing_deadlocks()
+    swarm.collect(0)
+    swarm.collect(2)
+    assert swarm.round == [2, 1, 2, 1] and swarm.sent[0] == swarm.sent[2] == set()
+
+
 TestRingSync = Swarm.TestCase
 TestRingSync.settings = SETTINGS
 TestTimeVaryingSync = TimeVarying.TestCase
@@ -330,3 +368,5 @@ TestFullSync = Full.TestCase
 TestFullSync.settings = SETTINGS
 TestRingAsync = Async.TestCase
 TestRingAsync.settings = SETTINGS
+TestRingSyncCollectAfterAck = CollectAfterAck.TestCase
+TestRingSyncCollectAfterAck.settings = SETTINGS
