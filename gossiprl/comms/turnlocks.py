@@ -367,6 +367,7 @@ class TurnLocks:
             me.bytes_out += nbytes
             released.append(self.ranks[j])
             self._rewire_pending |= j in self.gone_ranks  # a gone agent's last letter read: bypass it now
+        released.extend(self._drop_bypass_letters(me, parked))
         me.collect = None
         me.collected = parked.round
         me.collects += 1
@@ -379,6 +380,24 @@ class TurnLocks:
                 payload,
             )
         )
+        return released
+
+    def _drop_bypass_letters(self, me: Rank, parked: Parked) -> list[Rank]:
+        """A sync COLLECT that kept a gone in-peer d in the row (d's letter was ``taken``) mixed d's
+        letter for this round; a writer already wired to the reader around d may have put its
+        letter of this round or an older one in the reader's slot. Read next round, it would keep
+        that edge a round behind for as long as both run: it is dropped. Returns those writers."""
+        if self.mode != "sync" or not parked.skip & self.gone_ranks:
+            return []
+        i, r = me.rank, parked.round
+        around = set(self.row(i).in_peers(i, r)) - set(self.row(i, parked.skip).in_peers(i, r))
+        released = []
+        for j in sorted(around):
+            letter = self.mailbox.get((j, i))
+            if letter is not None and letter.round <= r:
+                del self.mailbox[(j, i)]
+                self._note("letters-dropped-by-rewiring")
+                released.append(self.ranks[j])
         return released
 
 

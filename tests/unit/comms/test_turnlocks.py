@@ -106,6 +106,24 @@ def test_a_gone_in_peer_whose_letter_the_reader_took_by_a_session_keeps_its_weig
     assert locks.row(1).in_peers(1) == (2,), "for its next collect, rank 0 is bypassed"
 
 
+def test_a_letter_written_around_a_kept_gone_agent_is_not_mixed_a_round_late():
+    """Rank 0 finished; rank 2, wired to 1 around it, wrote its round-1 letter, but 1 mixed 0's
+    round-1 letter, taken from shared memory. Read at round 2, 2's letter would keep the edge a
+    round behind for the rest of the run (a hostile review): it is dropped, and round 2 reads 2's
+    letter of round 2."""
+    locks = TurnLocks(topologies.make("ring", 3))  # 0 -> 1 -> 2 -> 0
+    locks.gone(0, now=0.0)
+    locks.publish(2, 1, 1, {}, ["2 of round 1"], 1, now=0.0)
+    locks.publish(1, 1, 1, {}, ["1 of round 1"], 1, now=0.0)
+    deliver = by_cmd(locks.collect(1, 2, 1, now=0.0, skip={0}))[(1, DELIVER)]
+    assert deliver.fields["messages"] == [] and dict(map(tuple, deliver.fields["weights"])) == {0: 0.5, 1: 0.5}
+    assert (2, 1) not in locks.mailbox and locks.events[DROPPED] == 1
+    locks.collect(2, 2, 1, now=0.0)
+    locks.publish(2, 3, 2, {}, ["2 of round 2"], 1, now=0.0)
+    locks.publish(1, 3, 2, {}, ["1 of round 2"], 1, now=0.0)
+    assert by_cmd(locks.collect(1, 4, 2, now=0.0))[(1, DELIVER)].payload == ["2 of round 2"]
+
+
 def test_taken_names_only_in_peers_so_it_cannot_hold_a_gone_agent_in_the_row():
     """Rank 2's in-peer 1 and 1's in-peer 0 are gone, so 2 reads 3. Naming 0, which is no in-peer of 2,
     in taken must not keep 0 in the row: 2 would then wait for a letter 0 will never send."""
