@@ -89,13 +89,19 @@ NOTES = {
     "learners": "**Per-second comparisons here are void.** These cells ran at nice 19 beside another study, "
     "and the study was held stopped (SIGSTOP) for whole cells of that one: a cell's wall-clock, and its "
     "frames/s, include those pauses (PPO's seed 2: 2,161 s for 1M frames). The per-frame columns stand.",
-    "scaling": "Of the cells run at 100k frames for the whole swarm (Older runs): **their per-second comparisons "
-    "are void.** These cells ran when every agent got cores // agents "
-    "torch threads, so the single A2C agent ran 2 intra-op threads on cores other jobs also loaded, and "
-    "such an agent collapses (`gossiprl bench train`'s row 'one agent, one core busy, old threads': 0.28x "
-    "the minimal loop under the same load, against 1.15x with one thread): its 556 frames/s, and every "
-    "'swarm beats one agent per second' reading, come from that. Agents now take one torch thread; the "
-    "per-frame columns stand.",
+    "scaling": "**Per-second comparisons between sizes are void.** The 1-, 2- and 4-agent cells ran on "
+    "2026-11-27 and 2026-11-28 in other windows of load (the 1- and 4-agent cells are swarm_vs_one's, read "
+    "from the shared cache, run beside other studies); the rings of 8 ran in one window of their own on 2026-11-28, "
+    "the rings of 16 in two on 2026-11-29 with the machine otherwise mostly idle, save seed 2 beside a full "
+    "test run (13,297 frames/s against 15,999-19,365). A ring of 16 has 16 processes on the 2 cores, so its "
+    "frames/s measure the sharing, not what each agent would train on its own hardware. Per frame every cell stands.",
+    "scaling_spaceinvaders": "**Per-second comparisons between sizes are void.** The 1-, 2- and 4-agent cells "
+    "ran on the old, unbatched SpaceInvaders (2026-11-27 and 2026-11-28, in other windows of load); the rings of 8 "
+    "ran seed 1 on it (9,833 frames/s) and seeds 2-5 on the batched game (9,996-17,214), and the rings of 16 on "
+    "2026-11-29 on the batched game: seed 1 beside Table 1's PPO and IMPALA cells (8,571 frames/s), seed 2 "
+    "beside them for its first minutes (15,066), seeds 3-5 with the machine otherwise mostly idle. The batched game "
+    "steps the same rules in one array (per frame it is the same game: tests/unit/rl/test_space_invaders.py). "
+    "Per frame every cell stands.",
     "swarm_learning": "Every cell ran in one call of the study on 2026-11-28 (one window of machine load), "
     "all settings seed by seed, under loop version 4 ((seed, rank) streams), on the shared 2-core VM beside "
     "edits and short tests; a 1-agent cell uses one of the two cores, a ring both, so wall-clock is not the point "
